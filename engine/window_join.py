@@ -1,0 +1,277 @@
+"""Symmetric windowed m-way equi-join over blocks, for one partition group.
+
+Two emission disciplines, both exact and independent of arrival order:
+
+* eager (all windows RANGE): a batch's new tuples are joined as they come with
+  the delta formula  R = sum_i  D_i x (S_j + D_j)_{j<i} x (S_j)_{j>i},
+  which counts every combination once (the same incremental formula seed 003
+  uses to merge generations of a spilled group);
+* on watermark (any ROWS window): a count window is only final once no
+  earlier tuple can still arrive, so combinations are emitted when the
+  watermark passes their time T, with the newest tuple as the trigger.
+
+Watermark of a group = min over streams of the newest event time seen, minus
+the allowed lateness. A tuple older than the watermark at the start of its
+batch is late (dead-letter); state expires by watermark, never by the newest
+time seen, because topics interleave arbitrarily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, Block, concat
+from engine.probe import TimeIndex, expand_ranges, key_ranges, sort_by_key_time
+from engine.result_ids import result_ids
+
+NO_TIME = np.iinfo(np.int64).min // 4  # "no watermark yet"; headroom so arithmetic cannot wrap
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    name: str
+    topic: str
+    range_ms: int | None
+    rows: int | None
+    payload: tuple[str, ...]  # fields copied into results
+    key_fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    streams: tuple[StreamPlan, ...]
+    lateness_ms: int
+    exact_keys: bool  # False: keys are hashes, so matches are re-checked on the key fields
+
+    @property
+    def on_watermark(self) -> bool:
+        return any(s.rows is not None for s in self.streams)
+
+
+@dataclass
+class GroupWindow:
+    """The window state of one partition group: per stream, tuples sorted by (key, ts, off)."""
+
+    state: list[Block]
+    max_ts: list[int]
+    watermark: int = NO_TIME
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.state)
+
+    @property
+    def tuples(self) -> int:
+        return sum(len(b) for b in self.state)
+
+
+@dataclass
+class BatchOutcome:
+    results: Block
+    late: list[Block]  # per stream, rejected as later than the allowed lateness
+    watermark_before: int
+    watermark_after: int
+    accepted: list[Block] = field(default_factory=list)
+
+
+def empty_window(plan: JoinPlan, templates: list[Block]) -> GroupWindow:
+    return GroupWindow([t.take(np.empty(0, np.int64)) for t in templates], [NO_TIME] * len(plan.streams))
+
+
+def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_ms: int) -> BatchOutcome:
+    """Join one batch of new tuples into the group's window (mutates `window`)."""
+    wm_before = window.watermark
+    accepted, late = [], []
+    for d in deltas:
+        on_time = d[TS] >= wm_before
+        accepted.append(sort_by_key_time(d.filter(on_time)))
+        late.append(d.filter(~on_time))
+    if plan.on_watermark:
+        for i, d in enumerate(accepted):
+            window.state[i] = _merge(window.state[i], d)
+        _advance_watermark(plan, window, accepted)
+        results = _emit_on_watermark(plan, window, wm_before, window.watermark, now_ms)
+    else:
+        results = _emit_eager(plan, window, accepted, now_ms)
+        _advance_watermark(plan, window, accepted)
+    expire(plan, window)
+    return BatchOutcome(results, late, wm_before, window.watermark, accepted)
+
+
+def _merge(state: Block, delta: Block) -> Block:
+    if not len(delta):
+        return state
+    return sort_by_key_time(concat([state, delta])) if len(state) else delta
+
+
+def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block]) -> None:
+    for i, d in enumerate(accepted):
+        if len(d):
+            window.max_ts[i] = max(window.max_ts[i], int(d[TS].max()))
+    if min(window.max_ts) > NO_TIME:
+        window.watermark = max(window.watermark, min(window.max_ts) - plan.lateness_ms)
+
+
+def expire(plan: JoinPlan, window: GroupWindow) -> None:
+    """Drop tuples no future on-time tuple can join with."""
+    wm = window.watermark
+    if wm <= NO_TIME:
+        return
+    for i, s in enumerate(plan.streams):
+        st = window.state[i]
+        if not len(st):
+            continue
+        if s.range_ms is not None:
+            alive = st[TS] + s.range_ms > wm
+        else:
+            # A count-window tuple is dead once `rows` newer same-key tuples are final (ts < wm).
+            idx = TimeIndex(st[KEY], st[TS], int(st[TS].min()), max(int(st[TS].max()), wm))
+            _, final_end = idx.between(st[KEY], np.full(len(st), NO_TIME), np.full(len(st), wm - 1))
+            alive = np.arange(len(st)) >= final_end - s.rows
+        if not alive.all():
+            window.state[i] = st.filter(alive)
+
+
+# ---------------------------------------------------------------- eager (RANGE)
+
+def _emit_eager(plan: JoinPlan, window: GroupWindow, accepted: list[Block], now_ms: int) -> Block:
+    parts = []
+    for i, delta in enumerate(accepted):
+        if len(delta):
+            sources = [window.state[j] if j != i else delta for j in range(len(plan.streams))]
+            combos = _probe_all(plan, sources, i)
+            parts.append(_assemble(plan, sources, combos, now_ms))
+        # Inserting after probing realises the delta formula: later D_i see D_j (j < i).
+        window.state[i] = _merge(window.state[i], delta)
+    return concat(parts) if parts else _assemble(plan, window.state, _no_combos(plan), now_ms)
+
+
+def _probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np.ndarray]:
+    combos = {start: np.arange(len(sources[start]), dtype=np.int64)}
+    keys = sources[start][KEY]
+    t_max = sources[start][TS].copy()
+    for j in range(len(plan.streams)):
+        if j == start:
+            continue
+        other = sources[j]
+        lo, hi = key_ranges(other[KEY], keys)
+        owner, pos = expand_ranges(lo, hi)
+        combos = {s: idx[owner] for s, idx in combos.items()}
+        combos[j] = pos
+        keys = keys[owner]
+        t_max = np.maximum(t_max[owner], other[TS][pos])
+        # T only grows as streams are added, so a violated window stays violated: prune now.
+        keep = np.ones(len(pos), dtype=bool)
+        for s, idx in combos.items():
+            keep &= t_max - sources[s][TS][idx] < plan.streams[s].range_ms  # type: ignore[operator]
+        combos = {s: idx[keep] for s, idx in combos.items()}
+        keys, t_max = keys[keep], t_max[keep]
+    return combos
+
+
+# ---------------------------------------------------------- on watermark (ROWS)
+
+def _emit_on_watermark(plan: JoinPlan, window: GroupWindow, wm_from: int, wm_to: int, now_ms: int) -> Block:
+    if wm_to <= wm_from or any(not len(b) for b in window.state):
+        return _assemble(plan, window.state, _no_combos(plan), now_ms)
+    indexes = [TimeIndex(b[KEY], b[TS], int(b[TS].min()), int(b[TS].max())) for b in window.state]
+    parts = []
+    for j, trig_stream in enumerate(window.state):
+        ts = trig_stream[TS]
+        trig = np.flatnonzero((ts >= wm_from) & (ts < wm_to))
+        if len(trig):
+            parts.append(_assemble(plan, window.state, _combos_for_triggers(plan, window, indexes, j, trig), now_ms))
+    return concat(parts) if parts else _assemble(plan, window.state, _no_combos(plan), now_ms)
+
+
+def _combos_for_triggers(plan: JoinPlan, window: GroupWindow, indexes: list[TimeIndex], j: int,
+                         trig: np.ndarray) -> dict[int, np.ndarray]:
+    """All combinations whose newest member (by ts, then stream order) is a trigger tuple of stream j."""
+    keys = window.state[j][KEY][trig]
+    big_t = window.state[j][TS][trig]
+    floor = np.full(len(trig), NO_TIME)
+    ok = np.ones(len(trig), dtype=bool)
+    own = plan.streams[j]
+    if own.rows is not None:  # the trigger must itself be inside its own count window at T
+        _, end_at_t = indexes[j].between(keys, big_t, big_t)
+        ok &= end_at_t - trig - 1 < own.rows
+    ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for i, s in enumerate(plan.streams):
+        if i == j:
+            continue
+        # Ties in ts go to the lower stream index, so exactly one member is "newest".
+        upper = big_t if i < j else big_t - 1
+        if s.range_ms is not None:
+            lo, hi = indexes[i].between(keys, big_t - s.range_ms + 1, upper)
+        else:
+            first, end_at_t = indexes[i].between(keys, floor, big_t)
+            _, end_upper = indexes[i].between(keys, floor, upper)
+            lo, hi = np.maximum(first, end_at_t - s.rows), np.minimum(end_at_t, end_upper)
+        ranges[i] = (lo, np.where(ok, np.maximum(hi, lo), lo))
+    return _cartesian(j, trig, ranges)
+
+
+def _cartesian(j: int, trig: np.ndarray, ranges: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
+    counts = {i: hi - lo for i, (lo, hi) in ranges.items()}
+    total = np.ones(len(trig), dtype=np.int64)
+    for c in counts.values():
+        total *= c
+    owner, local = expand_ranges(np.zeros(len(trig), np.int64), total)
+    combos = {j: trig[owner]}
+    stride = np.ones(len(owner), dtype=np.int64)
+    for i in sorted(ranges, reverse=True):  # mixed-radix digits, last stream fastest
+        lo, _ = ranges[i]
+        c = counts[i][owner]
+        combos[i] = lo[owner] + (local // stride) % np.maximum(c, 1)
+        stride = stride * c
+    return combos
+
+
+# ------------------------------------------------------------------ results
+
+def _no_combos(plan: JoinPlan) -> dict[int, np.ndarray]:
+    return {i: np.empty(0, np.int64) for i in range(len(plan.streams))}
+
+
+def _assemble(plan: JoinPlan, sources: list[Block], combos: dict[int, np.ndarray], now_ms: int) -> Block:
+    if not plan.exact_keys and len(combos[0]):
+        combos = _recheck_keys(plan, sources, combos)
+    n = len(combos[0])
+    cols: dict[str, np.ndarray] = {}
+    parts, offs, times = [], [], []
+    for i, s in enumerate(plan.streams):
+        src, idx = sources[i], combos[i]
+        parts.append(src[PART][idx])
+        offs.append(src[OFF][idx])
+        times.append(src[TS][idx])
+        cols[f"{s.name}.partition"] = parts[-1]
+        cols[f"{s.name}.offset"] = offs[-1]
+        cols[f"{s.name}.ts"] = times[-1]
+        for f in s.payload:
+            cols[f"{s.name}.{f}"] = src[f][idx]
+    cols["newest_arrival_ms"] = np.max([sources[i]["_arr"][combos[i]] for i in range(len(plan.streams))], axis=0) \
+        if n else np.empty(0, np.int64)
+    head = {
+        "result_id": result_ids([s.topic for s in plan.streams], parts, offs),
+        "event_time": np.max(times, axis=0) if n else np.empty(0, np.int64),
+        "produced_ms": np.full(n, now_ms, dtype=np.int64),
+    }
+    return Block(head | cols)
+
+
+def _recheck_keys(plan: JoinPlan, sources: list[Block], combos: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Hashed keys can collide: keep only combinations whose key fields really match."""
+    keep = np.ones(len(combos[0]), dtype=bool)
+    first = plan.streams[0]
+    for i, s in enumerate(plan.streams[1:], start=1):
+        for fa, fb in zip(first.key_fields, s.key_fields):
+            keep &= sources[0][fa][combos[0]] == sources[i][fb][combos[i]]
+    return {i: idx[keep] for i, idx in combos.items()}
+
+
+def template(columns: dict[str, np.dtype]) -> Block:
+    """An empty block with a stream's columns (system columns first)."""
+    ordered = {k: columns[k] for k in SYSTEM_COLUMNS} | {k: v for k, v in columns.items() if k not in SYSTEM_COLUMNS}
+    return Block({k: np.empty(0, dtype=v) for k, v in ordered.items()})

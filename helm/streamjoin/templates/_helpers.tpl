@@ -1,0 +1,157 @@
+{{/*
+Chart name, truncated to the 63 characters DNS labels allow.
+*/}}
+{{- define "streamjoin.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name. Truncated so that suffixes like "-coordinator" and a
+StatefulSet's pod ordinal still fit in 63 characters.
+*/}}
+{{- define "streamjoin.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "streamjoin.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels.
+*/}}
+{{- define "streamjoin.labels" -}}
+helm.sh/chart: {{ include "streamjoin.chart" . }}
+{{ include "streamjoin.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: streamjoin
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels (without component).
+*/}}
+{{- define "streamjoin.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "streamjoin.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels and selector labels of one component: include with (dict "ctx" $ "component" "worker").
+*/}}
+{{- define "streamjoin.componentLabels" -}}
+{{ include "streamjoin.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "streamjoin.componentSelectorLabels" -}}
+{{ include "streamjoin.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "streamjoin.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "streamjoin.bootstrap" -}}
+{{- required "kafka.bootstrap is required: the Kafka bootstrap servers, e.g. my-kafka:9092" .Values.kafka.bootstrap }}
+{{- end }}
+
+{{/*
+The streamjoin job name (JobSettings.job), used for the Prometheus `job` label.
+*/}}
+{{- define "streamjoin.jobName" -}}
+{{- .Values.job.job | default "demo" }}
+{{- end }}
+
+{{/*
+job.yaml: the user's job spec plus the fields the chart owns. The coordinator's
+expected_workers comes from worker.replicas through its environment instead,
+so scaling the workers does not change job.yaml and roll every worker.
+*/}}
+{{- define "streamjoin.jobYaml" -}}
+{{- $job := deepCopy .Values.job }}
+{{- $_ := set $job "bootstrap" (include "streamjoin.bootstrap" .) }}
+{{- $worker := deepCopy (default (dict) $job.worker) }}
+{{- $_ = set $worker "state_dir" .Values.worker.stateDir }}
+{{- $_ = set $worker "metrics_port" (int .Values.metrics.port) }}
+{{- $_ = set $job "worker" $worker }}
+{{- $coordinator := deepCopy (default (dict) $job.coordinator) }}
+{{- $_ = set $coordinator "metrics_port" (int .Values.metrics.port) }}
+{{- $_ = set $job "coordinator" $coordinator }}
+{{- toYaml $job }}
+{{- end }}
+
+{{/*
+Pod annotations for Prometheus' annotation-based discovery.
+*/}}
+{{- define "streamjoin.scrapeAnnotations" -}}
+{{- if .Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/*
+Pod-level settings shared by every pod.
+*/}}
+{{- define "streamjoin.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .Values.serviceAccountName }}
+serviceAccountName: {{ .Values.serviceAccountName }}
+{{- end }}
+automountServiceAccountToken: false
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment shared by every container.
+*/}}
+{{- define "streamjoin.env" -}}
+- name: KAFKA_BOOTSTRAP
+  value: {{ include "streamjoin.bootstrap" . | quote }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end }}
+
+{{/*
+/healthz probes on the metrics port.
+*/}}
+{{- define "streamjoin.probes" -}}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  {{- toYaml .Values.probes.startup | nindent 2 }}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  {{- toYaml .Values.probes.liveness | nindent 2 }}
+readinessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  {{- toYaml .Values.probes.readiness | nindent 2 }}
+{{- end }}

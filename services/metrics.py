@@ -1,0 +1,100 @@
+"""Prometheus metrics and the health endpoint every service serves.
+
+Names are the contract with ops/ (rules, dashboards): change them together.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+REGISTRY = CollectorRegistry()
+
+
+class BlockHistogram(Collector):
+    """A Prometheus histogram fed a whole NumPy block at a time (one call per
+    batch, not per result), exposed in the standard histogram format."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...],
+                 registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self._edges = np.asarray(buckets, dtype=np.float64)
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: np.ndarray) -> None:
+        if not len(values):
+            return
+        # Bucket `le=e` counts values <= e: the first edge >= v is v's bucket.
+        counts = np.bincount(np.searchsorted(self._edges, values, side="left"), minlength=len(self._counts))
+        with self._lock:
+            self._counts += counts
+            self._sum += float(values.sum())
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            cumulative = np.cumsum(self._counts)
+            total = self._sum
+        buckets = [(repr(float(e)), float(c)) for e, c in zip(self._edges, cumulative[:-1])]
+        buckets.append(("+Inf", float(cumulative[-1])))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+
+
+TUPLES_IN = Counter("streamjoin_tuples_in", "Input tuples accepted into the join", ["stream"], registry=REGISTRY)
+RESULTS_OUT = Counter("streamjoin_results_out", "Join results produced", registry=REGISTRY)
+DEAD_LETTER = Counter("streamjoin_dead_letter", "Records sent to the dead-letter topic", ["reason"], registry=REGISTRY)
+STATE_BYTES = Gauge("streamjoin_window_state_bytes", "Window state bytes per partition group", ["group"],
+                    registry=REGISTRY)
+STATE_TUPLES = Gauge("streamjoin_window_state_tuples", "Window tuples per partition group", ["group"],
+                     registry=REGISTRY)
+HOT_BYTES = Gauge("streamjoin_hot_state_bytes", "Window bytes held in memory (the rest is in RocksDB only)",
+                  registry=REGISTRY)
+LAG = Gauge("streamjoin_consumer_lag", "Records in the worker's input partitions not yet joined", registry=REGISTRY)
+GROUPS = Gauge("streamjoin_assigned_groups", "Partition groups this worker owns", registry=REGISTRY)
+BATCH_SECONDS = Histogram("streamjoin_batch_seconds", "Time to join one batch (all groups of one poll)",
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=REGISTRY)
+DELAY_SECONDS = BlockHistogram("streamjoin_production_delay_seconds",
+                               "Result wall time minus wall arrival of its newest input",
+                               (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), REGISTRY)
+RECOVERED_BATCHES = Counter("streamjoin_recovered_batches", "Batches replayed at start to catch state up",
+                            registry=REGISTRY)
+WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
+GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
+BROKER_ERRORS = Counter("streamjoin_broker_errors", "Kafka errors seen (retried)", ["kind"], registry=REGISTRY)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # scrapes are not news
+        pass
+
+
+class HealthState:
+    """What /healthz reports: ok once the service is running its loop."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.detail = "starting"
+
+
+def serve(port: int, health: HealthState, host: str = "0.0.0.0") -> WSGIServer:
+    """Serve /metrics (Prometheus text) and /healthz on `port` (0 = any free port)."""
+    metrics_app = make_wsgi_app(REGISTRY)
+
+    def app(environ, start_response):  # type: ignore[no-untyped-def]
+        if environ.get("PATH_INFO") == "/healthz":
+            status = "200 OK" if health.ready else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "text/plain")])
+            return [health.detail.encode()]
+        return metrics_app(environ, start_response)
+
+    server = make_server(host, port, app, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
+    return server

@@ -1,0 +1,225 @@
+"""The join worker, hash-partitioned mode.
+
+Owns the partition groups the coordinator assigns it (manual assignment, not
+consumer-group rebalancing). Each distribution epoch (`worker.batch_ms`) it
+joins every group that received records, then writes the cycle's output and
+input offsets in one transaction and only then checkpoints RocksDB; at start,
+and after any failed cycle, each group is recovered from RocksDB plus the
+results topic (services/worker/recovery.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import structlog
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, Message, TopicPartition
+
+from engine.window_join import template
+from schemas import control
+from services import kafka, metrics
+from services.worker.intake import RecordBuffer
+from services.worker.output import Emitter
+from services.worker.processor import GroupBatch, join_plan, run_group_batch
+from services.worker.recovery import recover_group
+from state.store import Store
+from state.windowed import WindowedStore
+from streamjoin.settings import JobSettings
+from topology import topics
+
+log = structlog.get_logger("streamjoin.worker")
+
+
+def _stream_templates(job: JobSettings) -> list:
+    out = []
+    for spec in job.streams:
+        dtypes = {"_key": np.int64, "_ts": np.int64, "_part": np.int32, "_off": np.int64, "_arr": np.int64}
+        for name, t in spec.fields.items():
+            dtypes[name] = {"int": np.int64, "float": np.float64, "bool": np.bool_, "str": "U1", "bytes": "S1"}[t]
+        out.append(template({k: np.dtype(v) for k, v in dtypes.items()}))
+    return out
+
+
+class Worker:
+    def __init__(self, job: JobSettings, bootstrap: str, worker_id: str, metrics_port: int | None = None) -> None:
+        self.job, self.bootstrap, self.worker_id = job, bootstrap, worker_id
+        self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
+        self.plan = join_plan(job)
+        self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
+                                   _stream_templates(job), job.worker.hot_bytes)
+        self.topic_stream = {job.topic_of(s): i for i, s in enumerate(job.streams)}
+        self.consumer = kafka.consumer(bootstrap, job.consumer_group)
+        self.emitter = Emitter(job, kafka.producer(bootstrap, f"{job.job}-{worker_id}"
+                                                   if job.worker.exactly_once else None), worker_id)
+        self.control_in = kafka.consumer(bootstrap, f"{job.consumer_group}-{worker_id}-control")
+        self.control_out = kafka.producer(bootstrap)
+        self.groups: set[int] = set()
+        self.pending: dict[int, dict[int, RecordBuffer]] = {}
+        self.skip_dead: dict[int, set[tuple[str, int]]] = {}
+        self.health = metrics.HealthState()
+        self.stopping = False
+        self.metrics_url = ""
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        server = metrics.serve(self.metrics_port, self.health)
+        self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
+        topics.check(kafka.admin(self.bootstrap), self.job)
+        self.emitter.start()
+        self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
+        log.info("worker started", worker=self.worker_id, metrics=self.metrics_url)
+        last_cycle = last_beat = 0.0
+        self.health.ready, self.health.detail = True, "running"
+        while not self.stopping:
+            self._poll_control()
+            self._take(self.consumer.consume(self.job.worker.max_batch_records, self.job.worker.batch_ms / 4000))
+            now = time.monotonic()
+            if self.pending and (now - last_cycle) * 1000 >= self.job.worker.batch_ms:
+                self._cycle()
+                last_cycle = now
+            if (now - last_beat) * 1000 >= self.job.worker.heartbeat_ms:
+                self._heartbeat()
+                last_beat = now
+        self._shutdown()
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def _shutdown(self) -> None:
+        if self.pending:
+            self._cycle()
+        self.consumer.close()
+        self.control_in.close()
+        self.control_out.flush(5)
+        self.store.store.close()
+        log.info("worker stopped", worker=self.worker_id)
+
+    # ------------------------------------------------------------ assignment
+    def _poll_control(self) -> None:
+        for m in self.control_in.consume(100, 0):
+            if m.error() is not None:
+                continue
+            msg = control.decode_control(m.value())
+            if isinstance(msg, control.Assignment) and msg.worker == self.worker_id:
+                self._apply_assignment(set(msg.groups))
+
+    def _apply_assignment(self, wanted: set[int]) -> None:
+        removed, added = self.groups - wanted, wanted - self.groups
+        if removed:
+            self.consumer.incremental_unassign(self._partitions(removed))
+            for g in removed:
+                self.pending.pop(g, None)
+                self.store.forget(g)
+        for g in sorted(added):
+            self.skip_dead[g] = recover_group(self.job, self.bootstrap, self.plan, self.store, self.emitter, g)
+        if added:
+            self.consumer.incremental_assign(self._partitions(added, from_checkpoint=True))
+        self.groups = wanted
+        metrics.GROUPS.set(len(wanted))
+        log.info("assignment applied", groups=len(wanted), added=len(added), removed=len(removed))
+        self._heartbeat()
+
+    def _partitions(self, groups: set[int], from_checkpoint: bool = False) -> list[TopicPartition]:
+        out = []
+        for g in sorted(groups):
+            end = self.store.get(g).checkpoint.end if from_checkpoint else {}
+            for s in self.job.streams:
+                offset = end.get(s.name, OFFSET_BEGINNING) if from_checkpoint else OFFSET_BEGINNING
+                out.append(TopicPartition(self.job.topic_of(s), g, offset))
+        return out
+
+    # ----------------------------------------------------------------- batches
+    def _take(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                metrics.BROKER_ERRORS.labels(err.name()).inc()
+                continue
+            g = m.partition()
+            if g not in self.groups:
+                continue  # fetched just before an unassignment
+            per_stream = self.pending.setdefault(g, {})
+            per_stream.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m)
+
+    def _cycle(self) -> None:
+        started = time.perf_counter()
+        now_ms = int(time.time() * 1000)
+        batches = [run_group_batch(self.job, self.plan, self.store, g, bufs, now_ms)
+                   for g, bufs in sorted(self.pending.items())]
+        self.pending.clear()
+        try:
+            self.emitter.emit(batches, self.consumer, self._next_offsets(batches), self.skip_dead)
+        except KafkaException as e:
+            log.warning("cycle failed; recovering its groups", error=str(e), groups=len(batches))
+            metrics.BROKER_ERRORS.labels("cycle").inc()
+            self.emitter.abort()
+            self._reset({b.group for b in batches})
+            return
+        tx = self.store.store.transaction()
+        for b in batches:
+            self.store.stage(tx, b.group, b.state, b.appended)
+        tx.commit()
+        self._observe(batches, time.perf_counter() - started)
+        self.store.evict_cold(keep=set())
+
+    def _next_offsets(self, batches: list[GroupBatch]) -> list[TopicPartition]:
+        return [TopicPartition(self.job.topic_of(s), b.group, b.end[s.name])
+                for b in batches for s in self.job.streams if s.name in b.end]
+
+    def _reset(self, groups: set[int]) -> None:
+        """A cycle failed after its groups' windows changed in memory: rebuild them from RocksDB + Kafka."""
+        for g in groups:
+            self.store.forget(g)
+        time.sleep(1.0)  # let a restarting broker come back before reading from it
+        for g in sorted(groups):
+            self.skip_dead[g] = recover_group(self.job, self.bootstrap, self.plan, self.store, self.emitter, g)
+            for tp in self._partitions({g}, from_checkpoint=True):
+                if tp.offset >= 0:
+                    self.consumer.seek(tp)
+
+    def _observe(self, batches: list[GroupBatch], seconds: float) -> None:
+        metrics.BATCH_SECONDS.observe(seconds)
+        for b in batches:
+            for i, block in enumerate(b.appended):
+                if len(block):
+                    metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(block))
+            n = len(b.results)
+            if n:
+                metrics.RESULTS_OUT.inc(n)
+                delay = (b.results["produced_ms"] - b.results["newest_arrival_ms"]) / 1000.0
+                metrics.DELAY_SECONDS.observe_many(delay)
+            metrics.STATE_BYTES.labels(str(b.group)).set(b.state.window.nbytes)
+            metrics.STATE_TUPLES.labels(str(b.group)).set(b.state.window.tuples)
+        metrics.HOT_BYTES.set(self.store.hot_size)
+
+    # --------------------------------------------------------------- heartbeat
+    def _heartbeat(self) -> None:
+        hot = self.store.hot_groups()
+        beat = control.Heartbeat(
+            worker=self.worker_id, wall_ms=int(time.time() * 1000), groups=sorted(self.groups), lag=self._lag(),
+            state_bytes=sum(s.window.nbytes for s in hot.values()),
+            state_tuples=sum(s.window.tuples for s in hot.values()), metrics_url=self.metrics_url,
+        )
+        self.control_out.produce(self.job.control_topic, value=control.encode(beat), key=self.worker_id.encode(),
+                                 partition=0)
+        self.control_out.poll(0)
+
+    def _lag(self) -> int:
+        if not self.groups:
+            return 0
+        lag = 0
+        for tp in self.consumer.position(self._partitions(self.groups)):
+            _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            if high >= 0 and tp.offset >= 0:
+                lag += max(0, high - tp.offset)
+        lag += sum(len(b) for per in self.pending.values() for b in per.values())
+        metrics.LAG.set(lag)
+        return lag
+
+
+def run_worker(job: JobSettings, bootstrap: str, worker_id: str, metrics_port: int | None = None) -> None:
+    Worker(job, bootstrap, worker_id, metrics_port).run()

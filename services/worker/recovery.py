@@ -1,0 +1,112 @@
+"""Bringing a partition group's state up to what Kafka says was emitted.
+
+RocksDB is written after a cycle's Kafka commit, so at start it can lag the
+results topic by the batch(es) in flight when the worker died. The results
+partition is the source of truth: every batch record carries its input
+boundary. Recovery reads the group's results records past the checkpoint and
+replays exactly those batches from the input topics through the same code
+path, emitting nothing that is already there. Dead letters already written by
+an attempt that never committed are remembered, so they are not written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from engine.window_join import JoinPlan
+from schemas.results import H_OFFSET, H_TOPIC, BatchHeader, decode_headers
+from services import kafka, metrics
+from services.worker.intake import RecordBuffer
+from services.worker.output import Emitter
+from services.worker.processor import run_group_batch
+from state.windowed import WindowedStore
+from streamjoin.settings import JobSettings
+
+log = logging.getLogger("streamjoin.worker.recovery")
+
+
+@dataclass
+class EmittedBatch:
+    header: BatchHeader
+    chunks: set[int] = field(default_factory=set)
+    last_offset: int = -1
+
+
+def recover_group(job: JobSettings, bootstrap: str, plan: JoinPlan, store: WindowedStore, emitter: Emitter,
+                  group: int) -> set[tuple[str, int]]:
+    """Replay batches emitted but not checkpointed; returns dead letters already written."""
+    state = store.get(group)
+    ck = state.checkpoint
+    emitted = _emitted_batches(job, bootstrap, group, ck.results_next, ck.seq)
+    for batch in emitted:
+        if batch.header.seq != state.checkpoint.seq + 1:
+            raise RuntimeError(
+                f"group {group}: results hold batch {batch.header.seq} but state is at {state.checkpoint.seq}; "
+                "the state directory does not belong to this results topic (wipe it or use a fresh job name)"
+            )
+        buffers = _read_inputs(job, bootstrap, group, state.checkpoint.end, batch.header.end)
+        gb = run_group_batch(job, plan, store, group, buffers, now_ms=0)
+        missing = set(range(batch.header.chunks)) - batch.chunks
+        if missing:  # an attempt died between chunks: write the rest, same content
+            emitter.produce_results(gb, only_chunks=missing)
+            emitter.producer.flush(30)
+        gb.state.checkpoint = gb.state.checkpoint.model_copy(update={"results_next": batch.last_offset + 1})
+        tx = store.store.transaction()
+        store.stage(tx, group, gb.state, gb.appended)
+        tx.commit()
+        metrics.RECOVERED_BATCHES.inc()
+        log.info("group %d: replayed batch %d (%d results already emitted)", group, gb.seq, len(gb.results))
+    return _dead_letters_written(job, bootstrap, group, store.get(group).checkpoint.dead_letter_next)
+
+
+def _emitted_batches(job: JobSettings, bootstrap: str, group: int, start: int,
+                     applied_seq: int) -> list[EmittedBatch]:
+    batches: dict[int, EmittedBatch] = {}
+    for m in kafka.read_partition(bootstrap, job.results_topic, group, start, f"{job.consumer_group}-recovery"):
+        h = BatchHeader.decode(m.headers())
+        if h.seq <= applied_seq:
+            continue
+        b = batches.setdefault(h.seq, EmittedBatch(h))
+        b.chunks.add(h.chunk)
+        b.last_offset = max(b.last_offset, m.offset())
+    return [batches[s] for s in sorted(batches)]
+
+
+def _read_inputs(job: JobSettings, bootstrap: str, group: int, start: dict[str, int],
+                 end: dict[str, int]) -> dict[int, RecordBuffer]:
+    """The records of one batch: from the checkpoint's boundary up to the batch's."""
+    buffers: dict[int, RecordBuffer] = {}
+    c = kafka.consumer(bootstrap, f"{job.consumer_group}-recovery")
+    try:
+        wanted = {}
+        for i, s in enumerate(job.streams):
+            lo, hi = start.get(s.name, 0), end.get(s.name, 0)
+            if hi > lo:
+                wanted[(job.topic_of(s), group)] = (i, hi)
+                buffers[i] = RecordBuffer()
+        c.assign([TopicPartition(t, p, start.get(job.streams[i].name, OFFSET_BEGINNING) or OFFSET_BEGINNING)
+                  for (t, p), (i, _) in wanted.items()])
+        remaining = set(wanted)
+        while remaining:
+            for m in c.consume(10_000, 1.0):
+                i, hi = wanted[(m.topic(), m.partition())]
+                if m.error() is None and m.offset() < hi:
+                    buffers[i].add(m)
+            # Position, not the last offset seen: transaction markers occupy offsets no reader sees.
+            for tp in c.position([TopicPartition(t, p) for t, p in remaining]):
+                if tp.offset >= wanted[(tp.topic, tp.partition)][1]:
+                    remaining.discard((tp.topic, tp.partition))
+        return buffers
+    finally:
+        c.close()
+
+
+def _dead_letters_written(job: JobSettings, bootstrap: str, group: int, start: int) -> set[tuple[str, int]]:
+    out = set()
+    for m in kafka.read_partition(bootstrap, job.dead_letter_topic, group, start, f"{job.consumer_group}-recovery"):
+        h = decode_headers(m.headers())
+        out.add((h[H_TOPIC], int(h[H_OFFSET])))
+    return out

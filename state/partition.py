@@ -1,0 +1,26 @@
+"""Key layout of one partition group inside the worker's store:
+    g/<group>/ckpt                   checkpoint (JSON)
+    g/<group>/w/<stream>/<seq>       window block appended by batch <seq> (Arrow IPC)
+Fixed-width numbers keep RocksDB's byte order equal to numeric order."""
+
+from __future__ import annotations
+
+
+def group_prefix(group: int) -> bytes:
+    return f"g/{group:05d}/".encode()
+
+
+def checkpoint_key(group: int) -> bytes:
+    return group_prefix(group) + b"ckpt"
+
+
+def window_prefix(group: int, stream: int) -> bytes:
+    return group_prefix(group) + f"w/{stream:02d}/".encode()
+
+
+def window_block_key(group: int, stream: int, seq: int) -> bytes:
+    return window_prefix(group, stream) + f"{seq:012d}".encode()
+
+
+def seq_of(key: bytes) -> int:
+    return int(key.rsplit(b"/", 1)[1])

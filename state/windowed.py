@@ -1,0 +1,99 @@
+"""Windowed state of partition groups: RocksDB holds every group's window as
+the blocks its batches appended; a hot in-memory part holds the groups in use,
+least recently used groups are evicted when it outgrows `hot_bytes` and are
+read back from RocksDB when their next batch arrives.
+
+A block stays on disk while any of its tuples is still in the window; a
+restored window is the stored blocks filtered by the same expiry rule, so it
+equals the window the worker had in memory.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.block import Block, concat
+from engine.probe import sort_by_key_time
+from engine.window_join import GroupWindow, JoinPlan, empty_window, expire
+from schemas.codecs import decode_block, encode_block
+from state.checkpoint import GroupCheckpoint
+from state.partition import checkpoint_key, seq_of, window_block_key, window_prefix
+from state.store import Store
+from state.transaction import StateTransaction
+
+BLOCK_SEQ = "_blk"  # column: the batch that appended the tuple, i.e. its stored block
+
+
+@dataclass
+class GroupState:
+    window: GroupWindow
+    checkpoint: GroupCheckpoint
+    stored: list[set[int]] = field(default_factory=list)  # per stream: block seqs on disk
+
+
+class WindowedStore:
+    def __init__(self, store: Store, plan: JoinPlan, templates: list[Block], hot_bytes: int) -> None:
+        self.store = store
+        self.plan = plan
+        self.templates = [Block(dict(t.columns) | {BLOCK_SEQ: np.empty(0, np.int64)}) for t in templates]
+        self.hot_bytes = hot_bytes
+        self._hot: OrderedDict[int, GroupState] = OrderedDict()
+
+    # ------------------------------------------------------------------ reads
+    def get(self, group: int) -> GroupState:
+        state = self._hot.pop(group, None) or self._restore(group)
+        self._hot[group] = state  # most recently used last
+        return state
+
+    def has_checkpoint(self, group: int) -> bool:
+        return group in self._hot or self.store.get(checkpoint_key(group)) is not None
+
+    def _restore(self, group: int) -> GroupState:
+        ckpt = GroupCheckpoint.decode(self.store.get(checkpoint_key(group))) or GroupCheckpoint()
+        window = empty_window(self.plan, self.templates)
+        stored: list[set[int]] = []
+        for i in range(len(self.plan.streams)):
+            blocks = {seq_of(k): decode_block(v) for k, v in self.store.scan(window_prefix(group, i))}
+            stored.append(set(blocks))
+            if blocks:
+                window.state[i] = sort_by_key_time(concat([self.templates[i], *blocks.values()]))
+        if ckpt.max_ts:
+            window.max_ts, window.watermark = list(ckpt.max_ts), ckpt.watermark
+        expire(self.plan, window)
+        return GroupState(window, ckpt, stored)
+
+    # ----------------------------------------------------------------- writes
+    def stage(self, tx: StateTransaction, group: int, state: GroupState, appended: list[Block]) -> None:
+        """Write a batch's new blocks, drop blocks with no live tuple, and the checkpoint."""
+        seq = state.checkpoint.seq
+        for i, block in enumerate(appended):
+            if len(block):
+                tx.put(window_block_key(group, i, seq), encode_block(block))
+                state.stored[i].add(seq)
+            live = set(np.unique(state.window.state[i][BLOCK_SEQ]).tolist())
+            for dead in state.stored[i] - live:
+                tx.delete(window_block_key(group, i, dead))
+            state.stored[i] &= live
+        tx.put(checkpoint_key(group), state.checkpoint.encode())
+
+    def evict_cold(self, keep: set[int]) -> None:
+        """Keep the in-memory part under `hot_bytes`; the store already holds everything."""
+        total = self.hot_size
+        for group in list(self._hot):
+            if total <= self.hot_bytes:
+                break
+            if group not in keep:
+                total -= self._hot.pop(group).window.nbytes
+
+    def forget(self, group: int) -> None:
+        self._hot.pop(group, None)
+
+    @property
+    def hot_size(self) -> int:
+        return sum(s.window.nbytes for s in self._hot.values())
+
+    def hot_groups(self) -> dict[int, GroupState]:
+        return dict(self._hot)

@@ -1,0 +1,182 @@
+"""`streamjoin`: one CLI for every service and job.
+
+Every command reads the same typed settings (job file, then STREAMJOIN_*
+environment, then flags). Bad settings or flags exit with code 2 and a
+message that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from streamjoin import logs
+from streamjoin.settings import JobSettings, SettingsError, load
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+topics_app = typer.Typer(no_args_is_help=True, help="Create or check the job's topics.")
+app.add_typer(topics_app, name="topics")
+console = Console(stderr=True)
+
+JobOpt = Annotated[Optional[Path], typer.Option("--job", help="YAML job file (default: the seed-000 demo job)")]
+BootstrapOpt = Annotated[
+    Optional[str], typer.Option("--bootstrap", envvar="STREAMJOIN_BOOTSTRAP", help="Kafka bootstrap servers")
+]
+PortOpt = Annotated[Optional[int], typer.Option("--metrics-port", help="/metrics and /healthz port (0 = any)")]
+
+
+def default_job_file() -> Path:
+    return Path(str(resources.files("streamjoin") / "jobs" / "seed000.yaml"))
+
+
+def _settings(job: Path | None, **flags: object) -> JobSettings:
+    try:
+        return load(job or default_job_file(), **flags)
+    except SettingsError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+
+
+def _need_bootstrap(settings: JobSettings) -> str:
+    if not settings.bootstrap:
+        console.print("[red]error:[/red] no Kafka cluster given: pass --bootstrap HOST:PORT (or set "
+                      "STREAMJOIN_BOOTSTRAP); `streamjoin broker` starts a local one")
+        raise typer.Exit(2)
+    return settings.bootstrap
+
+
+@app.command()
+def broker(port: Annotated[int, typer.Option(help="loopback port (0 = any free port)")] = 0) -> None:
+    """Start the embedded Kafka-compatible broker (Tansu, memory only) and wait."""
+    from services import broker as embedded
+
+    b = embedded.start(port or None)
+    print(b.bootstrap, flush=True)
+    console.print(f"broker ready at {b.bootstrap}; Ctrl-C stops it (its records go with it)")
+    try:
+        b.process.wait()
+    except KeyboardInterrupt:
+        b.stop()
+
+
+@topics_app.command("create")
+def topics_create(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
+    """Create the job's topics (missing ones) and check the existing ones."""
+    from services import kafka
+    from topology import topics
+
+    s = _settings(job, bootstrap=bootstrap)
+    created = topics.ensure(kafka.admin(_need_bootstrap(s)), s)
+    console.print(f"created {len(created)} topic(s): {', '.join(created) or '-'}; all {len(topics.plan(s))} ok")
+
+
+@topics_app.command("check")
+def topics_check(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
+    """Check that the job's topics exist with the right partition counts."""
+    from services import kafka
+    from topology import topics
+
+    s = _settings(job, bootstrap=bootstrap)
+    try:
+        topics.check(kafka.admin(_need_bootstrap(s)), s)
+    except topics.TopologyError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from e
+    console.print("topics ok")
+
+
+@app.command()
+def worker(
+    worker_id: Annotated[str, typer.Option("--worker-id", help="stable id; keeps its RocksDB state across restarts")],
+    job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port: PortOpt = None,
+) -> None:
+    """Run a join worker (hash-partitioned mode)."""
+    from services.worker.main import run_worker
+
+    s = _settings(job, bootstrap=bootstrap)
+    logs.configure("worker", worker=worker_id)
+    run_worker(s, _need_bootstrap(s), worker_id, metrics_port)
+
+
+@app.command()
+def coordinator(job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port: PortOpt = None) -> None:
+    """Run the coordinator: placement, heartbeats, assignments."""
+    from services.coordinator.main import run_coordinator
+
+    s = _settings(job, bootstrap=bootstrap)
+    logs.configure("coordinator")
+    run_coordinator(s, _need_bootstrap(s), metrics_port)
+
+
+@app.command()
+def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
+           as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False) -> None:
+    """Workers, their partition groups, lag and window state size."""
+    from services.coordinator.status import snapshot
+
+    s = _settings(job, bootstrap=bootstrap)
+    snap = snapshot(s, _need_bootstrap(s))
+    if as_json:
+        print(json.dumps(snap, indent=2))
+        return
+    table = Table(title=f"job {snap['job']}: {snap['groups_placed']} groups placed, epoch {snap['epoch']}")
+    for col in ("worker", "alive", "groups", "lag", "state MB", "tuples"):
+        table.add_column(col)
+    for w in snap["workers"]:
+        mb = f"{w['state_bytes'] / 1e6:.1f}" if w["state_bytes"] is not None else "-"
+        table.add_row(w["worker"], "yes" if w["alive"] else "NO", str(len(w["held_groups"])), str(w["lag"]), mb,
+                      str(w["state_tuples"]))
+    Console().print(table)
+
+
+@app.command()
+def sources(job: JobOpt = None, bootstrap: BootstrapOpt = None,
+            seconds: Annotated[Optional[float], typer.Option(min=0.1)] = None,
+            rate: Annotated[Optional[float], typer.Option(min=0.1, help="tuples/s per stream")] = None) -> None:
+    """Spark Structured Streaming job writing the seed-000 workload into the input topics."""
+    from services.spark.sources import run_sources
+
+    s = _settings(job, bootstrap=bootstrap)
+    print(json.dumps(run_sources(s, _need_bootstrap(s), seconds=seconds, rate=rate), indent=2))
+
+
+@app.command()
+def verify(job: JobOpt = None, bootstrap: BootstrapOpt = None,
+           report: Annotated[Optional[Path], typer.Option(help="write the report JSON here")] = None,
+           plot: Annotated[Optional[Path], typer.Option(help="write the delay plot PNG here")] = None) -> None:
+    """Spark job: exact expected join vs. the results topic; exits 1 on any mismatch."""
+    from services.spark.verify import run_verify
+
+    s = _settings(job, bootstrap=bootstrap)
+    result = run_verify(s, _need_bootstrap(s), report_path=report, plot_path=plot)
+    print(json.dumps(result, indent=2))
+    raise typer.Exit(0 if result["verified"] else 1)
+
+
+@app.command()
+def demo(
+    seconds: Annotated[float, typer.Option(min=1, help="how long the sources write")] = 30,
+    workers: Annotated[int, typer.Option(min=1, max=16, help="join worker processes")] = 2,
+    report: Annotated[Path, typer.Option(help="report JSON path")] = Path("out/report.json"),
+    job: JobOpt = None, bootstrap: BootstrapOpt = None,
+    rate: Annotated[Optional[float], typer.Option(min=0.1, help="tuples/s per stream")] = None,
+) -> None:
+    """End to end: broker, coordinator, workers, Spark sources, drain, Spark verify, report."""
+    from streamjoin.demo import run_demo
+
+    s = _settings(job, bootstrap=bootstrap)
+    logs.configure("demo", level="WARNING")
+    result = run_demo(s, seconds=seconds, workers=workers, report_path=report, rate=rate)
+    keys = ("verified", "inputs", "results", "missing", "extra", "duplicates", "dead_letter", "delay_ms")
+    print(json.dumps({k: result.get(k) for k in keys} | {"report": str(report)}, indent=2))
+    raise typer.Exit(0 if result["verified"] else 1)
+
+
+if __name__ == "__main__":
+    app()

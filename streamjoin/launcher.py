@@ -1,0 +1,122 @@
+"""Local launcher: runs the services as real processes on this machine, the
+way the demo, the integration tests and the benchmarks need them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from confluent_kafka import TopicPartition
+
+from services import kafka
+from services.coordinator.status import latest_heartbeats
+from streamjoin.settings import JobSettings
+
+
+def write_job(job: JobSettings, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+@dataclass
+class Fleet:
+    """A coordinator and workers as subprocesses of this one."""
+
+    job: JobSettings
+    job_file: Path
+    bootstrap: str
+    log_dir: Path
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{name}.log", "ab")
+        cmd = [sys.executable, "-m", "streamjoin.cli", *args, "--job", str(self.job_file), "--bootstrap",
+               self.bootstrap]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                                start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start_coordinator(self) -> None:
+        self._spawn("coordinator", ["coordinator"])
+
+    def start_worker(self, worker_id: str) -> None:
+        self._spawn(worker_id, ["worker", "--worker-id", worker_id])
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(sig)
+        proc.wait(30)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs.pop(name)
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+    def assert_running(self) -> None:
+        dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+        if dead:
+            tails = {n: (self.log_dir / f"{n}.log").read_text()[-2000:] for n in dead}
+            raise RuntimeError(f"services exited: {dead}\n{tails}")
+
+    def wait_assigned(self, workers: list[str], timeout: float = 120.0) -> None:
+        """Until every group is held by one of `workers`, as their heartbeats say."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.assert_running()
+            beats = latest_heartbeats(self.job, self.bootstrap, window_s=5)
+            held = [g for w in workers if w in beats for g in beats[w].groups]
+            if sorted(held) == list(range(self.job.partitions)):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"groups not assigned to {workers} within {timeout}s")
+
+
+def input_end_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:
+    c = kafka.consumer(bootstrap, f"{job.consumer_group}-probe")
+    try:
+        return {(t, p): c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+                for t in job.input_topics for p in range(job.partitions)}
+    finally:
+        c.close()
+
+
+def committed_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:
+    c = kafka.consumer(bootstrap, job.consumer_group)
+    try:
+        tps = [TopicPartition(t, p) for t in job.input_topics for p in range(job.partitions)]
+        return {(tp.topic, tp.partition): tp.offset for tp in c.committed(tps, timeout=30)}
+    finally:
+        c.close()
+
+
+def wait_drained(job: JobSettings, bootstrap: str, fleet: Fleet | None = None, timeout: float = 300.0,
+                 on_progress=None) -> None:  # type: ignore[no-untyped-def]
+    """Until the workers have committed every input record written so far."""
+    ends = input_end_offsets(job, bootstrap)
+    total = sum(ends.values())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fleet is not None:
+            fleet.assert_running()
+        done = committed_offsets(job, bootstrap)
+        behind = sum(max(0, end - max(done.get(k, 0), 0)) for k, end in ends.items())
+        if on_progress:
+            on_progress(total - behind, total)
+        if behind == 0:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"workers did not drain the input within {timeout}s")

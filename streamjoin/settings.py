@@ -1,0 +1,213 @@
+"""The one typed settings object: a YAML job file, overlaid by environment
+(`STREAMJOIN_*`, nested with `__`) and then by CLI flags.
+
+Every service reads a `JobSettings`; nothing else reads `os.environ`.
+A bad file, variable or flag raises `SettingsError`, whose message names the
+field and what would fix it; the CLI turns that into exit code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+FieldType = Literal["int", "float", "str", "bool", "bytes"]
+
+
+class SettingsError(ValueError):
+    """A configuration problem a user must fix; message says which field and how."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WindowSpec(_Strict):
+    """Exactly one of `range_ms` (time-based RANGE) or `rows` (count-based ROWS, per key)."""
+
+    range_ms: int | None = Field(default=None, gt=0)
+    rows: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "WindowSpec":
+        if (self.range_ms is None) == (self.rows is None):
+            raise ValueError("give exactly one of range_ms (time window) or rows (count window)")
+        return self
+
+    @property
+    def is_rows(self) -> bool:
+        return self.rows is not None
+
+
+class StreamSpec(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    topic: str | None = None
+    format: Literal["json", "avro", "blocks"] = "json"
+    fields: dict[str, FieldType]
+    time_field: str
+    key_fields: list[str] = Field(min_length=1)
+    window: WindowSpec
+
+    @model_validator(mode="after")
+    def _fields_exist(self) -> "StreamSpec":
+        if self.time_field not in self.fields:
+            raise ValueError(f"time_field {self.time_field!r} is not one of fields {sorted(self.fields)}")
+        if self.fields[self.time_field] != "int":
+            raise ValueError(f"time_field {self.time_field!r} must be an int field (epoch milliseconds)")
+        missing = [k for k in self.key_fields if k not in self.fields]
+        if missing:
+            raise ValueError(f"key_fields {missing} are not among fields {sorted(self.fields)}")
+        return self
+
+
+class JoinSpec(_Strict):
+    mode: Literal["hash"] = "hash"
+    allowed_lateness_ms: int = Field(default=2000, ge=0)
+
+
+class WorkerSpec(_Strict):
+    batch_ms: int = Field(default=200, gt=0, description="distribution epoch: poll/batch interval")
+    max_batch_records: int = Field(default=200_000, gt=0)
+    state_dir: Path = Path("./state")
+    hot_bytes: int = Field(default=2 << 30, gt=0, description="window bytes kept in memory; the rest stays in RocksDB")
+    exactly_once: bool = True
+    max_record_bytes: int = Field(default=1 << 20, gt=0)
+    heartbeat_ms: int = Field(default=1000, gt=0)
+    metrics_port: int = Field(default=0, ge=0, description="0 = pick a free port")
+
+
+class CoordinatorSpec(_Strict):
+    heartbeat_timeout_ms: int = Field(default=10_000, gt=0)
+    expected_workers: int = Field(default=1, gt=0)
+    metrics_port: int = Field(default=0, ge=0)
+
+
+class WorkloadSpec(_Strict):
+    """Seed 000's workload: Poisson arrivals, b-model keys, fixed-size tuples."""
+
+    rate: float = Field(default=1500.0, gt=0, description="tuples/s per stream")
+    skew: float = Field(default=0.7, ge=0.5, lt=1.0, description="b-model bias")
+    domain: int = Field(default=1 << 20, gt=1, description="join-key domain size (power of two)")
+    tuple_bytes: int = Field(default=64, ge=32)
+    seconds: float = Field(default=30.0, gt=0)
+    seed: int = 7
+
+    @field_validator("domain")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"domain must be a power of two for the b-model, e.g. {1 << v.bit_length()}")
+        return v
+
+
+class JobSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str = Field(default="demo", pattern=r"^[a-zA-Z0-9_-]+$")
+    bootstrap: str | None = Field(default=None, description="Kafka bootstrap; none = embedded broker")
+    partitions: int = Field(default=60, gt=0, le=1000)
+    streams: list[StreamSpec] = Field(min_length=2, max_length=8)
+    join: JoinSpec = JoinSpec()
+    worker: WorkerSpec = WorkerSpec()
+    coordinator: CoordinatorSpec = CoordinatorSpec()
+    workload: WorkloadSpec = WorkloadSpec()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "JobSettings":
+        names = [s.name for s in self.streams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stream names must be unique, got {names}")
+        key_types = {tuple(s.fields[k] for k in s.key_fields) for s in self.streams}
+        if len(key_types) != 1:
+            raise ValueError(f"all streams must have key fields of the same types for an equi-join, got {key_types}")
+        return self
+
+    def topic_of(self, stream: StreamSpec) -> str:
+        return stream.topic or f"{self.job}.{stream.name}"
+
+    @property
+    def input_topics(self) -> list[str]:
+        return [self.topic_of(s) for s in self.streams]
+
+    @property
+    def results_topic(self) -> str:
+        return f"{self.job}.results"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.job}.dead-letter"
+
+    @property
+    def control_topic(self) -> str:
+        return f"{self.job}.control"
+
+    @property
+    def placement_topic(self) -> str:
+        return f"{self.job}.placement"
+
+    @property
+    def consumer_group(self) -> str:
+        return f"streamjoin-{self.job}"
+
+    @property
+    def emits_on_watermark(self) -> bool:
+        """Count windows are final only once the watermark passes a result's time."""
+        return any(s.window.is_rows for s in self.streams)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _explain(err: ValidationError, origin: str) -> str:
+    lines = [f"invalid settings in {origin}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  - {where}: {e['msg']}")
+    lines.append("fix the named field(s) in the job file, the STREAMJOIN_* variable or the flag")
+    return "\n".join(lines)
+
+
+def load(path: Path | str | None = None, **overrides: Any) -> JobSettings:
+    """Read the job file (if any), overlay env, then `overrides` (CLI flags, None = not given)."""
+    data: dict[str, Any] = {}
+    origin = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise SettingsError(f"job file {p} does not exist: pass the path of a YAML job file (see examples/)")
+        try:
+            raw = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise SettingsError(f"job file {p} is not valid YAML: {e}") from e
+        if not isinstance(raw, dict):
+            raise SettingsError(f"job file {p} must hold a mapping at top level, got {type(raw).__name__}")
+        data, origin = raw, str(p)
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        env_only = _EnvOnly().model_dump(exclude_unset=True)
+        merged = _deep_merge(_deep_merge(data, env_only), flags)
+        return JobSettings(**merged)
+    except ValidationError as e:
+        raise SettingsError(_explain(e, origin)) from e
+
+
+class _EnvOnly(BaseSettings):
+    """Reads only the environment, so env can be merged beneath CLI flags and above the file."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMJOIN_", env_nested_delimiter="__", extra="ignore")
+
+    job: str | None = None
+    bootstrap: str | None = None
+    partitions: int | None = None
+    join: dict[str, Any] | None = None
+    worker: dict[str, Any] | None = None
+    coordinator: dict[str, Any] | None = None
+    workload: dict[str, Any] | None = None

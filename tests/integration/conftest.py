@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from services import broker as embedded
+from services import kafka
+from streamjoin.launcher import Fleet, write_job
+from streamjoin.settings import JobSettings, load
+from topology import topics
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[embedded.EmbeddedBroker]:
+    """A fresh embedded broker per test: Tansu keeps every record until it exits."""
+    b = embedded.start(log_path=tmp_path / "broker.log")
+    yield b
+    b.stop()
+
+
+def stream(name: str, window: dict) -> dict:
+    return {"name": name, "fields": {"k": "int", "ts": "int", "pad": "str"}, "time_field": "ts",
+            "key_fields": ["k"], "window": window}
+
+
+def make_job(bootstrap: str, tmp_path: Path, windows: list[dict], workers: int, **extra: object) -> JobSettings:
+    worker = {"state_dir": str(tmp_path / "state"), "batch_ms": 100, "heartbeat_ms": 500} | dict(
+        extra.pop("worker", {}))  # type: ignore[arg-type]
+    return load(None, job="it", bootstrap=bootstrap, partitions=60,
+                streams=[stream(n, w) for n, w in zip("rst", windows)], worker=worker,
+                coordinator={"expected_workers": workers, "heartbeat_timeout_ms": 5000}, **extra)
+
+
+@pytest.fixture
+def fleet_for(broker: embedded.EmbeddedBroker, tmp_path: Path) -> Iterator:
+    fleets: list[Fleet] = []
+
+    def start(job: JobSettings, workers: int) -> Fleet:
+        topics.ensure(kafka.admin(broker.bootstrap), job)
+        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), broker.bootstrap, tmp_path / "logs")
+        fleets.append(fleet)
+        fleet.start_coordinator()
+        ids = [f"w{i}" for i in range(workers)]
+        for w in ids:
+            fleet.start_worker(w)
+        fleet.wait_assigned(ids)
+        return fleet
+
+    yield start
+    for f in fleets:
+        f.stop_all()

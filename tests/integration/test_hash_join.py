@@ -1,0 +1,120 @@
+"""The hash-partitioned join as real processes on the embedded broker:
+60 partitions, 2-3 workers, checked against the plain-Python reference."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from services import kafka
+from services.coordinator.status import snapshot
+from streamjoin.launcher import wait_drained
+from tests.integration.conftest import make_job
+from tests.integration.kafka_harness import Row, check, produce
+
+pytestmark = pytest.mark.integration
+
+
+def rows_out_of_order(streams: str, n: int, keys: int, seed: int, lag_ms: int = 0) -> list[Row]:
+    """Event times jitter within each topic; `lag_ms` holds the last stream back so topics
+    interleave badly (its records are written after records far newer on the others)."""
+    rnd = random.Random(seed)
+    rows = [Row(rnd.choice(streams), rnd.randrange(keys), 10_000 + i * 5 + rnd.randint(-300, 0)) for i in range(n)]
+    late_stream = streams[-1]
+    return sorted(rows, key=lambda r: r.ts + (lag_ms if r.stream == late_stream else 0))
+
+
+def test_two_way_time_window_with_bad_input(broker, fleet_for, tmp_path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 250}], workers=2,
+                   join={"allowed_lateness_ms": 1000}, worker={"max_record_bytes": 512})
+    fleet = fleet_for(job, 2)
+    rows = rows_out_of_order("rs", 6000, 100, seed=1, lag_ms=800)
+    # Far behind every watermark once the streams have moved on: late.
+    late = [Row("r", 7, 1_000), Row("s", 9, 2_000)]
+    bad = [
+        ("it.r", b"1", b"{not json"),
+        ("it.r", b"2", json.dumps({"k": 2, "pad": "x"}).encode()),  # missing ts
+        ("it.s", b"3", json.dumps({"k": "three", "ts": 20_000, "pad": "x"}).encode()),  # mistyped key
+        ("it.s", b"4", json.dumps({"k": 4, "ts": 20_000, "pad": "x" * 600}).encode()),  # oversize
+    ]
+    produce(job, broker.bootstrap, rows)
+    produce(job, broker.bootstrap, late, raw=bad)
+    wait_drained(job, broker.bootstrap, fleet, timeout=120)
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 1000  # a join that produced nothing would prove nothing
+    assert result.dead_letter["late"] == 2
+    assert result.dead_letter["malformed"] == 3
+    assert result.dead_letter["oversize"] == 1
+
+
+def test_three_way_count_windows(broker, fleet_for, tmp_path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"rows": 3}, {"rows": 2}, {"range_ms": 300}], workers=3,
+                   join={"allowed_lateness_ms": 500})
+    fleet = fleet_for(job, 3)
+    produce(job, broker.bootstrap, rows_out_of_order("rst", 6000, 200, seed=2, lag_ms=200))
+    wait_drained(job, broker.bootstrap, fleet, timeout=120)
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 500
+
+
+def test_three_way_time_windows(broker, fleet_for, tmp_path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 300}] * 3, workers=2)
+    fleet = fleet_for(job, 2)
+    produce(job, broker.bootstrap, rows_out_of_order("rst", 6000, 40, seed=3, lag_ms=400))
+    wait_drained(job, broker.bootstrap, fleet, timeout=120)
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 500
+
+
+def _produce_steadily(job, bootstrap, rows: list[Row], seconds: float) -> threading.Thread:
+    def run() -> None:
+        producer = kafka.producer(bootstrap)
+        chunk = max(1, len(rows) // int(seconds * 10))
+        for i in range(0, len(rows), chunk):
+            produce(job, bootstrap, rows[i:i + chunk], producer=producer)
+            time.sleep(0.1)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_worker_killed_and_restarted_stays_exact(broker, fleet_for, tmp_path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
+    fleet = fleet_for(job, 2)
+    writer = _produce_steadily(job, broker.bootstrap, rows_out_of_order("rs", 20_000, 100, seed=4), seconds=8)
+    for _ in range(2):  # kill twice, at different points of the cycle
+        time.sleep(2.5)
+        fleet.kill("w0", signal.SIGKILL)
+        time.sleep(0.5)
+        fleet.start_worker("w0")
+    writer.join()
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 5000
+
+
+def test_coordinator_restart_keeps_placement(broker, fleet_for, tmp_path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
+    fleet = fleet_for(job, 2)
+    before = snapshot(job, broker.bootstrap)
+    fleet.kill("coordinator", signal.SIGKILL)
+    fleet.start_coordinator()
+    produce(job, broker.bootstrap, rows_out_of_order("rs", 3000, 200, seed=5))
+    time.sleep(3)  # heartbeats reach the new coordinator, which must not move anything
+    after = snapshot(job, broker.bootstrap)
+    assert after["epoch"] == before["epoch"] == 1
+    placed = {w["worker"]: w["placed_groups"] for w in after["workers"]}
+    assert placed == {w["worker"]: w["placed_groups"] for w in before["workers"]}
+    assert sorted(g for groups in placed.values() for g in groups) == list(range(60))
+    wait_drained(job, broker.bootstrap, fleet, timeout=120)
+    assert check(job, broker.bootstrap).exact
