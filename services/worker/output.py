@@ -10,8 +10,13 @@ aborted transactions to read_committed readers (Tansu does).
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
+import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from engine.block import Block
@@ -21,6 +26,7 @@ from services import metrics
 from services.worker.processor import GroupBatch
 from streamjoin.settings import JobSettings
 
+log = structlog.get_logger("streamjoin.worker.output")
 ROWS_PER_CHUNK = 50_000  # fixed, so a replayed batch chunks identically
 OUTPUT_COLUMNS_DROPPED = ("newest_arrival_ms",)
 
@@ -43,18 +49,19 @@ class Emitter:
              skip_dead: dict[int, set[tuple[str, int]]]) -> None:
         self._delivered.clear()
         self._errors.clear()
-        if self.transactional:
-            self.producer.begin_transaction()
-        if self._produce_dead_letters(batches, skip_dead):
-            self._flush()
-        for b in batches:
-            self.produce_results(b)
-        if self.transactional:
-            self.producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
-            _retry(lambda: self.producer.commit_transaction(60))
-        else:
-            self._flush()
-            consumer.commit(offsets=offsets, asynchronous=False)
+        with _stall_watchdog(self.job.worker.stall_timeout_ms / 1000):
+            if self.transactional:
+                self.producer.begin_transaction()
+            if self._produce_dead_letters(batches, skip_dead):
+                self._flush()
+            for b in batches:
+                self.produce_results(b)
+            if self.transactional:
+                self.producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
+                _retry(lambda: self.producer.commit_transaction(60))
+            else:
+                self._flush()
+                consumer.commit(offsets=offsets, asynchronous=False)
         if self._errors:
             raise KafkaException(self._errors[0])
         self._record_positions(batches)
@@ -114,6 +121,25 @@ class Emitter:
                 "results_next": res + 1 if res is not None else ck.results_next,
                 "dead_letter_next": dlq + 1 if dlq is not None else ck.dead_letter_next,
             })
+
+
+@contextmanager
+def _stall_watchdog(seconds: float) -> Iterator[None]:
+    """librdkafka's blocking calls cannot be interrupted, and a broker that drops
+    connections mid-transaction can leave one waiting for good (seen on Tansu).
+    Crash-only: end the process, and let the supervisor (Kubernetes, the local
+    launcher) restart it; recovery then fences the old transaction and replays."""
+    def fire() -> None:
+        log.error("Kafka commit stalled; exiting for a clean restart", stalled_s=seconds)
+        os._exit(75)  # EX_TEMPFAIL
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _retry(call, attempts: int = 20) -> None:  # type: ignore[no-untyped-def]

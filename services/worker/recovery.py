@@ -35,9 +35,15 @@ class EmittedBatch:
     last_offset: int = -1
 
 
+@dataclass
+class Recovered:
+    dead_letters_written: set[tuple[str, int]]
+    replayed: int  # batches replayed; their input offsets may never have been committed
+
+
 def recover_group(job: JobSettings, bootstrap: str, plan: JoinPlan, store: WindowedStore, emitter: Emitter,
-                  group: int) -> set[tuple[str, int]]:
-    """Replay batches emitted but not checkpointed; returns dead letters already written."""
+                  group: int) -> Recovered:
+    """Replay batches emitted but not checkpointed; report dead letters already written."""
     state = store.get(group)
     ck = state.checkpoint
     emitted = _emitted_batches(job, bootstrap, group, ck.results_next, ck.seq)
@@ -59,7 +65,8 @@ def recover_group(job: JobSettings, bootstrap: str, plan: JoinPlan, store: Windo
         tx.commit()
         metrics.RECOVERED_BATCHES.inc()
         log.info("group %d: replayed batch %d (%d results already emitted)", group, gb.seq, len(gb.results))
-    return _dead_letters_written(job, bootstrap, group, store.get(group).checkpoint.dead_letter_next)
+    written = _dead_letters_written(job, bootstrap, group, store.get(group).checkpoint.dead_letter_next)
+    return Recovered(written, len(emitted))
 
 
 def _emitted_batches(job: JobSettings, bootstrap: str, group: int, start: int,

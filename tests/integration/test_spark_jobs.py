@@ -1,0 +1,172 @@
+"""The Spark jobs end to end on the embedded broker: `run_sources` writes a
+real workload, the test writes a results topic computed with the reference
+join, and `run_verify` must accept it, then catch a duplicate and a loss."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from engine.block import Block
+from engine.reference import RefTuple, RefWindow, TupleRef, reference_join
+from engine.result_ids import result_ids
+from schemas.codecs import encode_block
+from schemas.results import EVENT_TIME, PRODUCED_MS, RESULT_ID, BatchHeader, dead_letter_headers, ref_columns
+from services import broker as embedded
+from services import kafka
+from services.spark.kafka_source import NAME as KAFKA
+from services.spark.sources import run_sources
+from services.spark.verify import run_verify
+from streamjoin.settings import JobSettings, load
+from topology import topics
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+PARTITIONS = 4
+Result = tuple[TupleRef, ...]
+
+
+def make_job(name: str, bootstrap: str, input_topics: list[str] | None = None) -> JobSettings:
+    """r: a time window, s: a count window, so final watermarks matter too."""
+    windows = [{"range_ms": 60_000}, {"rows": 3}]
+    streams = [{"name": n, "fields": {"k": "int", "ts": "int", "pad": "str"}, "time_field": "ts",
+                "key_fields": ["k"], "window": w} for n, w in zip("rs", windows)]
+    for s, t in zip(streams, input_topics or []):
+        s["topic"] = t
+    return load(None, job=name, bootstrap=bootstrap, partitions=PARTITIONS, streams=streams,
+                workload={"rate": 80, "domain": 256, "skew": 0.7, "seconds": 5})
+
+
+@dataclass
+class World:
+    bootstrap: str
+    job: JobSettings
+    sources: dict
+    streams: list[list[RefTuple]]
+    lags: list[int]
+    results: list[Result]
+    ts: dict[TupleRef, int]
+    watermarks: dict[int, int]
+    malformed: TupleRef
+
+
+def produce_malformed(bootstrap: str, topic: str) -> TupleRef:
+    where: list[TupleRef] = []
+    p = kafka.producer(bootstrap)
+    p.produce(topic, key=b"1", value=b'{"k": 1, "ts": oops', partition=0,
+              on_delivery=lambda err, msg: where.append((msg.topic(), msg.partition(), msg.offset())))
+    assert p.flush(30) == 0 and where
+    return where[0]
+
+
+def write_dead_letter(job: JobSettings, bootstrap: str, ref: TupleRef) -> None:
+    p = kafka.producer(bootstrap)
+    p.produce(job.dead_letter_topic, partition=ref[1], key=b"1", value=b'{"k": 1, "ts": oops',
+              headers=dead_letter_headers("malformed", "not JSON", *ref, group=ref[1], seq=0))
+    assert p.flush(30) == 0
+
+
+def read_inputs(job: JobSettings, bootstrap: str) -> tuple[list[list[RefTuple]], list[int]]:
+    """Every well-formed input tuple (via the Spark batch reader) and each one's lag:
+    its Kafka timestamp minus its event time."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    rows = (spark.read.format(KAFKA).option("bootstrap", bootstrap).option("topics", ",".join(job.input_topics))
+            .load().select("topic", "partition", "offset", "timestamp_ms", "value").collect())
+    streams: dict[str, list[RefTuple]] = {t: [] for t in job.input_topics}
+    lags = []
+    for r in rows:
+        try:
+            v = json.loads(r.value)
+        except ValueError:  # the malformed record the fixture wrote
+            continue
+        streams[r.topic].append(RefTuple((r.topic, r.partition, r.offset), v["k"], v["ts"]))
+        lags.append(r.timestamp_ms - v["ts"])
+    return [streams[t] for t in job.input_topics], lags
+
+
+def write_results(job: JobSettings, bootstrap: str, results: list[Result], ts: dict[TupleRef, int],
+                  watermarks: dict[int, int]) -> None:
+    """One result block per group (the first stream's partition), as a worker writes them."""
+    names = [s.name for s in job.streams]
+    p = kafka.producer(bootstrap)
+    for g in range(job.partitions):
+        mine = [r for r in results if r[0][1] == g]
+        cols: dict[str, np.ndarray] = {}
+        parts = [np.array([r[i][1] for r in mine], np.int32) for i in range(len(names))]
+        offs = [np.array([r[i][2] for r in mine], np.int64) for i in range(len(names))]
+        stamps = [np.array([ts[r[i]] for r in mine], np.int64) for i in range(len(names))]
+        cols[RESULT_ID] = result_ids(job.input_topics, parts, offs)
+        cols[EVENT_TIME] = np.max(stamps, axis=0) if mine else np.empty(0, np.int64)
+        cols[PRODUCED_MS] = np.full(len(mine), int(time.time() * 1000), np.int64)
+        for n, part, off, t in zip(names, parts, offs, stamps):
+            cols.update(zip(ref_columns(n), (part, off, t)))
+        header = BatchHeader(g, 0, 0, 1, {}, watermarks[g], "test")
+        p.produce(job.results_topic, partition=g, value=encode_block(Block(cols)), headers=header.encode())
+    assert p.flush(30) == 0
+
+
+@pytest.fixture(scope="module")
+def world(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    log = tmp_path_factory.mktemp("broker") / "broker.log"
+    broker = embedded.start(log_path=log)
+    try:
+        job = make_job("sparkit", broker.bootstrap)
+        topics.ensure(kafka.admin(broker.bootstrap), job)
+        sources = run_sources(job, broker.bootstrap, seconds=5, rate=80, show_progress=False)
+        malformed = produce_malformed(broker.bootstrap, job.input_topics[0])
+        write_dead_letter(job, broker.bootstrap, malformed)
+        streams, lags = read_inputs(job, broker.bootstrap)
+        # Count windows are final below the watermark: hold every group's back a little.
+        watermarks = {g: max(t.ts for s in streams for t in s) - 300 for g in range(job.partitions)}
+        results = sorted(reference_join(streams, [RefWindow(**s.window.model_dump()) for s in job.streams],
+                                        watermarks))
+        ts = {t.ref: t.ts for s in streams for t in s}
+        write_results(job, broker.bootstrap, results, ts, watermarks)
+        yield World(broker.bootstrap, job, sources, streams, lags, results, ts, watermarks, malformed)
+    finally:
+        broker.stop()
+
+
+def test_sources_write_the_workload(world: World) -> None:
+    counts = world.sources["records"]
+    assert counts == {s.name: len(t) for s, t in zip(world.job.streams, world.streams)}
+    for name, rate in world.sources["rate"].items():
+        assert 40 < rate < 160, f"stream {name} ran at {rate}/s, asked for 80/s"
+    assert statistics.median(world.lags) < 2_000, "records should leave close to their event time"
+    assert len(world.results) > 50, "the workload should join"
+
+
+def test_verify_accepts_a_correct_join(world: World, tmp_path: Path) -> None:
+    report = run_verify(world.job, world.bootstrap, tmp_path / "report.json", tmp_path / "delay.png")
+    assert report["verified"], report
+    assert report["expected"] == report["results"] == len(world.results)
+    assert (report["missing"], report["extra"], report["duplicates"], report["bad_ids"]) == (0, 0, 0, 0)
+    assert report["dead_letter"]["count"] == 1 and report["dead_letter"]["by_reason"] == {"malformed": 1}
+    assert report["lost"] == 0
+    assert report["inputs"]["total"] == sum(len(s) for s in world.streams) + 1
+    assert report["delay_ms"]["p50"] is not None and report["delay_ms"]["p50"] >= 0
+    assert json.loads((tmp_path / "report.json").read_text())["verified"] is True
+    assert (tmp_path / "delay.png").stat().st_size > 1000
+
+
+def test_verify_catches_duplicate_missing_and_lost(world: World) -> None:
+    # Same inputs under another job name, so it gets results and dead-letter topics of its own.
+    job = make_job("sparkit-bad", world.bootstrap, world.job.input_topics)
+    topics.ensure(kafka.admin(world.bootstrap), job)
+    write_dead_letter(job, world.bootstrap, world.malformed)
+    produce_malformed(world.bootstrap, job.input_topics[1])  # never dead-lettered: lost
+    results = world.results[1:] + world.results[-1:]  # drop the first, repeat the last
+    write_results(job, world.bootstrap, results, world.ts, world.watermarks)
+    report = run_verify(job, world.bootstrap)
+    assert not report["verified"]
+    assert (report["missing"], report["extra"], report["duplicates"]) == (1, 0, 1), report
+    assert report["lost"] == 1 and report["dead_letter"]["count"] == 1, report
