@@ -22,7 +22,7 @@ from streamjoin.settings import JobSettings, SettingsError, load
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 topics_app = typer.Typer(no_args_is_help=True, help="Create or check the job's topics.")
 app.add_typer(topics_app, name="topics")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 JobOpt = Annotated[Optional[Path], typer.Option("--job", help="YAML job file (default: the seed-000 demo job)")]
 BootstrapOpt = Annotated[

@@ -3,6 +3,7 @@ way the demo, the integration tests and the benchmarks need them."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import yaml
 from confluent_kafka import TopicPartition
 
 from services import kafka
+from services.broker import free_port
 from services.coordinator.status import latest_heartbeats
 from streamjoin.settings import JobSettings
 
@@ -36,6 +38,7 @@ class Fleet:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     restart_workers: bool = True  # like a StatefulSet: a worker that exits comes back with the same id
     restarts: int = 0
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -48,10 +51,25 @@ class Fleet:
         return proc
 
     def start_coordinator(self) -> None:
-        self._spawn("coordinator", ["coordinator"])
+        self._spawn("coordinator", ["coordinator", "--metrics-port", str(self._port("coordinator"))])
 
     def start_worker(self, worker_id: str) -> None:
-        self._spawn(worker_id, ["worker", "--worker-id", worker_id])
+        self._spawn(worker_id, ["worker", "--worker-id", worker_id, "--metrics-port", str(self._port(worker_id))])
+
+    def _port(self, name: str) -> int:
+        """A fixed port per service name, so a restarted process is scraped at the same address."""
+        if name not in self.metrics_ports:
+            self.metrics_ports[name] = free_port()
+        return self.metrics_ports[name]
+
+    def write_prometheus_targets(self, path: Path) -> Path:
+        """File-based service discovery for ops/prometheus/prometheus.yml."""
+        groups = [{"targets": [f"127.0.0.1:{port}"],
+                   "labels": {"job": self.job.job, "component": "coordinator" if name == "coordinator" else "worker",
+                              "instance_name": name}}
+                  for name, port in sorted(self.metrics_ports.items())]
+        path.write_text(json.dumps(groups, indent=2))
+        return path
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name)

@@ -186,7 +186,7 @@ def load(path: Path | str | None = None, **overrides: Any) -> JobSettings:
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise SettingsError(f"job file {p} does not exist: pass the path of a YAML job file (see examples/)")
+            raise SettingsError(f"job file {p} does not exist: pass the path of a YAML job file (example: streamjoin/jobs/seed000.yaml)")
         try:
             raw = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:

@@ -190,8 +190,9 @@ def _read_slice(bootstrap: str, isolation: str, timeout_s: float, part: KafkaSli
 
 def _to_batch(part: KafkaSlice, records: list, schema: pa.Schema) -> pa.RecordBatch:
     n = len(records)
+    # Kafka allows a header key twice, a Spark map does not: the last one wins.
     headers = [
-        [(k, None if v is None else v.decode("utf-8", "replace")) for k, v in m.headers() or ()]
+        list({k: None if v is None else v.decode("utf-8", "replace") for k, v in m.headers() or ()}.items())
         for m in records
     ]
     arrays = [

@@ -28,7 +28,8 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from services.spark.kafka_source import NAME as KAFKA, jvm_kafka_available, local_session
@@ -118,8 +119,7 @@ class WorkloadReader(DataSourceStreamReader):
         keys = b_model_keys(rng, len(ts), self.skew, self.domain)
         topic = pa.array([partition.topic] * len(ts), pa.string())
         yield pa.RecordBatch.from_arrays([topic, pa.array(keys), pa.array(ts)],
-                                         schema=pa.schema([("topic", pa.string(), True), ("k", pa.int64(), True),
-                                                           ("ts", pa.int64(), True)]))
+                                         schema=to_arrow_schema(GENERATED))
 
 
 class WorkloadSource(DataSource):
@@ -183,7 +183,7 @@ class _Tracker(StreamingQueryListener):
         self.on_progress = on_progress
 
     def onQueryStarted(self, event: object) -> None:
-        pass
+        """Nothing to do: the query id is known once start() returns."""
 
     def onQueryProgress(self, event: object) -> None:
         p = event.progress
@@ -201,9 +201,6 @@ class _Tracker(StreamingQueryListener):
                     self.finished.set()
         self.on_progress(self)
 
-    def onQueryIdle(self, event: object) -> None:
-        pass
-
     def onQueryTerminated(self, event: object) -> None:
         if str(event.id) == self.query_id:
             self.finished.set()
@@ -215,8 +212,8 @@ def _sink_format(spark: SparkSession) -> str:
 
 
 def start_query(spark: SparkSession, job: JobSettings, bootstrap: str, seconds: float, rate: float,
-                checkpoint: str):
-    """Start the generator → Kafka streaming query (returns the StreamingQuery)."""
+                checkpoint: str) -> StreamingQuery:
+    """Start the generator → Kafka streaming query."""
     w = job.workload
     generated = (spark.readStream.format(WORKLOAD)
                  .option("topics", ",".join(job.input_topics)).option("rate", rate).option("skew", w.skew)

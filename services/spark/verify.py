@@ -277,7 +277,12 @@ def run_verify(job: JobSettings, bootstrap: str, report_path: Path | None = None
                  .groupBy("reason").count().collect())
     accepted = [d.filter(F.col("ok") & F.col("reason").isNull()) for d in decoded]
 
-    wm = final_watermarks(raw_results) if job.emits_on_watermark else None
+    all_wm = final_watermarks(raw_results)
+    wm = all_wm if job.emits_on_watermark else None
+    # Groups with input but no result record at all: never processed. Count windows
+    # expect nothing of them (nothing is final), so say so rather than stay silent.
+    silent = (reduce(DataFrame.unionByName, [a.select("partition") for a in accepted]).distinct()
+              .join(all_wm, "partition", "left_anti").count())
     expected = expected_join(accepted, [s.window for s in job.streams], wm).localCheckpoint()
     results = decode_results(raw_results, job).localCheckpoint()
     actual = results.select(*[c for i, n in enumerate(names)
@@ -306,6 +311,7 @@ def run_verify(job: JobSettings, bootstrap: str, report_path: Path | None = None
                         "records": dead.count()},
         "lost": lost,
         "watermark_bounded": job.emits_on_watermark,
+        "groups_without_results": silent,
         "delay_ms": delay,
     }
     report["verified"] = all(report[k] == 0 for k in ("missing", "extra", "duplicates", "bad_ids", "lost"))

@@ -1,0 +1,108 @@
+"""Metrics through the real parts: a real Prometheus server (Debian's
+`prometheus`) scrapes real workers and evaluates ops/prometheus/rules.yml;
+/healthz answers; the partitioner agrees with librdkafka's murmur2; `status`
+shows the fleet."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from services import kafka
+from services.broker import free_port
+from streamjoin.cli import app
+from streamjoin.launcher import wait_drained, write_job
+from tests.integration.conftest import make_job
+from tests.integration.kafka_harness import Row, produce, read_all
+from tests.integration.test_hash_join import rows_out_of_order
+from topology.partitioner import key_bytes, partition_for
+
+pytestmark = pytest.mark.integration
+OPS = Path(__file__).resolve().parents[2] / "ops" / "prometheus"
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _query(port: int, promql: str) -> list:
+    status, body = _get(f"http://127.0.0.1:{port}/api/v1/query?query={urllib.parse.quote(promql)}")
+    assert status == 200, body
+    return json.loads(body)["data"]["result"]
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed (ops/setup.sh)")
+def test_prometheus_scrapes_workers_and_evaluates_rules(broker, fleet_for, tmp_path: Path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2,
+                   join={"allowed_lateness_ms": 100})
+    fleet = fleet_for(job, 2)
+    for name in ("coordinator", "w0", "w1"):
+        assert _get(f"http://127.0.0.1:{fleet.metrics_ports[name]}/healthz") == (200, "running")
+    conf_dir = tmp_path / "prom"
+    conf_dir.mkdir()
+    for f in ("prometheus.yml", "rules.yml"):
+        shutil.copy(OPS / f, conf_dir / f)
+    fleet.write_prometheus_targets(conf_dir / "targets.json")
+    port = free_port()
+    prom = subprocess.Popen(["prometheus", f"--config.file={conf_dir / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        rows = rows_out_of_order("rs", 4000, 50, seed=7)
+        produce(job, broker.bootstrap, rows)
+        wait_drained(job, broker.bootstrap, fleet, timeout=120)
+        produce(job, broker.bootstrap, [Row("r", 1, 0)])  # behind every watermark by now: late
+        wait_drained(job, broker.bootstrap, fleet, timeout=120)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            tuples = _query(port, 'sum(streamjoin_tuples_in_total{component="worker"})')
+            if tuples and float(tuples[0]["value"][1]) == len(rows):
+                break
+            time.sleep(2)
+        assert tuples and float(tuples[0]["value"][1]) == len(rows)
+        late = _query(port, 'sum(streamjoin_dead_letter_total{reason="late"})')
+        assert float(late[0]["value"][1]) == 1
+        up = _query(port, 'up{job="it"}')
+        assert sorted(r["metric"]["component"] for r in up) == ["coordinator", "worker", "worker"]
+        assert all(r["value"][1] == "1" for r in up)
+        status, body = _get(f"http://127.0.0.1:{port}/api/v1/rules")
+        assert status == 200 and json.loads(body)["data"]["groups"], "rules.yml was not loaded"
+    finally:
+        prom.terminate()
+        prom.wait(10)
+
+
+def test_keys_land_where_kafkas_partitioner_puts_them(broker, tmp_path: Path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 5}, {"range_ms": 5}], workers=1)
+    from topology import topics
+
+    topics.ensure(kafka.admin(broker.bootstrap), job)
+    keys = list(range(500))
+    produce(job, broker.bootstrap, [Row("r", k, 1) for k in keys])
+    msgs = read_all(broker.bootstrap, job.topic_of(job.streams[0]), job.partitions, "pcheck")
+    assert len(msgs) == len(keys)
+    assert all(m.partition() == partition_for(key_bytes(json.loads(m.value())["k"]), 60) for m in msgs)
+
+
+def test_status_shows_workers_groups_and_lag(broker, fleet_for, tmp_path: Path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
+    fleet_for(job, 2)
+    time.sleep(1.5)  # a fresh heartbeat after assignment
+    result = CliRunner().invoke(app, ["status", "--json", "--job", str(write_job(job, tmp_path / "j.yaml"))])
+    assert result.exit_code == 0, result.output
+    snap = json.loads(result.output)
+    rows = {w["worker"]: w for w in snap["workers"]}
+    assert set(rows) == {"w0", "w1"} and snap["groups_placed"] == 60
+    assert all(r["alive"] and len(r["held_groups"]) == 30 and r["lag"] == 0 for r in rows.values())

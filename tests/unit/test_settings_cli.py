@@ -1,0 +1,77 @@
+"""Bad job files and flags fail fast with exit code 2 and name what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from streamjoin.cli import app, default_job_file
+from streamjoin.settings import SettingsError, load
+
+runner = CliRunner()
+
+
+def _job(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
+    data = yaml.safe_load(default_job_file().read_text())
+    mutate(data)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_default_job_loads() -> None:
+    job = load(default_job_file())
+    assert job.partitions == 60 and [s.name for s in job.streams] == ["r", "s"]
+    assert job.input_topics == ["seed000.r", "seed000.s"]
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["streams"][0]["window"].update(rows=5), "streams.0.window"),
+    (lambda d: d["streams"][1].update(time_field="nope"), "streams.1"),
+    (lambda d: d.update(partitions=0), "partitions"),
+    (lambda d: d["workload"].update(domain=1000), "workload.domain"),
+    (lambda d: d["worker"].update(batch_ms="soon"), "worker.batch_ms"),
+    (lambda d: d.update(colour="blue"), "colour"),
+])
+def test_bad_job_file_exits_2_naming_the_field(tmp_path: Path, mutate, field: str) -> None:
+    path = _job(tmp_path, mutate)
+    result = runner.invoke(app, ["topics", "check", "--job", str(path), "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert field in result.output
+
+
+def test_missing_job_file_exits_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", "--job", str(tmp_path / "none.yaml"), "--bootstrap", "x:1"])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+def test_bad_flag_exits_2() -> None:
+    result = runner.invoke(app, ["demo", "--workers", "0"])
+    assert result.exit_code == 2
+    assert "--workers" in result.output
+
+
+def test_no_bootstrap_exits_2_and_says_how(monkeypatch) -> None:
+    monkeypatch.delenv("STREAMJOIN_BOOTSTRAP", raising=False)
+    result = runner.invoke(app, ["topics", "check"])
+    assert result.exit_code == 2
+    assert "--bootstrap" in result.output
+
+
+def test_environment_overrides_file_and_flags_override_environment(monkeypatch) -> None:
+    monkeypatch.setenv("STREAMJOIN_WORKER__BATCH_MS", "123")
+    monkeypatch.setenv("STREAMJOIN_PARTITIONS", "12")
+    job = load(default_job_file(), partitions=7)
+    assert job.worker.batch_ms == 123  # env over file
+    assert job.worker.state_dir == Path("./out/state")  # rest of the section kept
+    assert job.partitions == 7  # flag over env
+
+
+def test_bad_environment_value_is_a_settings_error(monkeypatch) -> None:
+    monkeypatch.setenv("STREAMJOIN_WORKER__BATCH_MS", "-5")
+    with pytest.raises(SettingsError, match="worker.batch_ms"):
+        load(default_job_file())
