@@ -1,9 +1,11 @@
 """From polled Kafka records to per-group, per-stream blocks.
 
-Records are collected per (group, stream) as the consumer hands them over,
-then decoded a whole batch at a time. Anything that cannot become a tuple
-(oversize, wrong stream, malformed) becomes a `Reject` bound for the
-dead-letter topic, with the record it came from.
+Records are collected per stream as the consumer hands them over; at the end
+of a distribution epoch each stream's records of every group are decoded in
+one call (Arrow's JSON reader has a fixed cost per call, so one call per
+stream and cycle, not per group), then split into the groups' slices.
+Anything that cannot become a tuple (oversize, wrong stream, malformed) is a
+`DeadRecord` bound for the dead-letter topic, with the record it came from.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from confluent_kafka import Message
 
-from engine.block import Block
+from engine.block import PART, Block
 from schemas.codecs import DECODERS, Reject
 from streamjoin.settings import JobSettings, StreamSpec
 
@@ -22,10 +24,11 @@ STREAM_HEADER = "stream"  # optional: producers sharing a topic name the stream 
 
 @dataclass
 class RecordBuffer:
-    """Raw records of one stream's partition waiting for the next batch."""
+    """Raw records of one stream (any partitions) waiting for the next batch."""
 
     values: list[bytes | None] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
+    partitions: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
     headers: list[list | None] = field(default_factory=list)
@@ -33,6 +36,7 @@ class RecordBuffer:
     def add(self, m: Message) -> None:
         self.values.append(m.value())
         self.keys.append(m.key())
+        self.partitions.append(m.partition())
         self.offsets.append(m.offset())
         self.timestamps.append(m.timestamp()[1])
         self.headers.append(m.headers())
@@ -40,10 +44,18 @@ class RecordBuffer:
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def record_index(self, partitions: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Positions of the given (partition, offset) records in this buffer."""
+        packed = (np.asarray(self.partitions, np.int64) << 44) | np.asarray(self.offsets, np.int64)
+        order = np.argsort(packed, kind="stable")
+        wanted = (np.asarray(partitions, np.int64) << 44) | np.asarray(offsets, np.int64)
+        return order[np.searchsorted(packed[order], wanted)]
+
 
 @dataclass(frozen=True)
 class DeadRecord:
     stream: int
+    partition: int
     offset: int
     key: bytes | None
     value: bytes | None
@@ -52,25 +64,40 @@ class DeadRecord:
 
 
 @dataclass(frozen=True)
-class StreamBatch:
+class GroupSlice:
+    """One stream's part of one group's batch."""
+
     block: Block
     dead: list[DeadRecord]
-    end: int  # next offset after the last record taken
+    end: int  # next offset after the last record taken from this partition
 
 
-def decode(job: JobSettings, stream_index: int, group: int, buf: RecordBuffer) -> StreamBatch:
+def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer) -> dict[int, GroupSlice]:
     spec = job.streams[stream_index]
     screened = _screen(job, spec, buf)
     keep = np.flatnonzero([r is None for r in screened])
-    values = [buf.values[i] for i in keep]
+    parts = np.asarray(buf.partitions, dtype=np.int32)
     offsets = np.asarray(buf.offsets, dtype=np.int64)
     decoded = DECODERS[spec.format](
-        spec, values, np.full(len(keep), group, np.int32), offsets[keep],
+        spec, [buf.values[i] for i in keep], parts[keep], offsets[keep],
         np.asarray(buf.timestamps, dtype=np.int64)[keep],
     )
     dead = [_dead(stream_index, buf, i, r) for i, r in enumerate(screened) if r is not None]
     dead += [_dead(stream_index, buf, int(keep[r.index]), r) for r in decoded.rejects]
-    return StreamBatch(decoded.block, dead, int(offsets[-1]) + 1)
+    return _split(decoded.block, dead, parts, offsets)
+
+
+def _split(block: Block, dead: list[DeadRecord], parts: np.ndarray, offsets: np.ndarray) -> dict[int, GroupSlice]:
+    groups = np.unique(parts)
+    # Batch boundary per group: the last offset polled, whether or not it became a tuple.
+    ends = {int(g): int(offsets[parts == g].max()) + 1 for g in groups}
+    order = np.argsort(block[PART], kind="stable") if len(block) else np.empty(0, np.int64)
+    sorted_parts = block[PART][order] if len(block) else np.empty(0, np.int32)
+    out = {}
+    for g in groups:
+        lo, hi = np.searchsorted(sorted_parts, [g, g + 1])
+        out[int(g)] = GroupSlice(block.take(order[lo:hi]), [d for d in dead if d.partition == g], ends[int(g)])
+    return out
 
 
 def _screen(job: JobSettings, spec: StreamSpec, buf: RecordBuffer) -> list[Reject | None]:
@@ -97,4 +124,4 @@ def _stream_header(headers: list | None) -> str | None:
 
 
 def _dead(stream: int, buf: RecordBuffer, i: int, r: Reject) -> DeadRecord:
-    return DeadRecord(stream, buf.offsets[i], buf.keys[i], buf.values[i], r.reason, r.detail)
+    return DeadRecord(stream, buf.partitions[i], buf.offsets[i], buf.keys[i], buf.values[i], r.reason, r.detail)

@@ -23,7 +23,7 @@ from schemas import control
 from services import kafka, metrics
 from services.worker.intake import RecordBuffer
 from services.worker.output import Emitter
-from services.worker.processor import GroupBatch, join_plan, run_group_batch
+from services.worker.processor import GroupBatch, join_plan, run_cycle
 from services.worker.recovery import recover_group
 from state.store import Store
 from state.windowed import WindowedStore
@@ -57,7 +57,7 @@ class Worker:
         self.control_in = kafka.consumer(bootstrap, f"{job.consumer_group}-{worker_id}-control")
         self.control_out = kafka.producer(bootstrap)
         self.groups: set[int] = set()
-        self.pending: dict[int, dict[int, RecordBuffer]] = {}
+        self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int]]] = {}
         self.health = metrics.HealthState()
         self.stopping = False
@@ -120,10 +120,11 @@ class Worker:
 
     def _apply_assignment(self, wanted: set[int]) -> None:
         removed, added = self.groups - wanted, wanted - self.groups
+        if self.pending:
+            self._cycle()  # finish in-flight tuples under the old assignment first
         if removed:
             self.consumer.incremental_unassign(self._partitions(removed))
             for g in removed:
-                self.pending.pop(g, None)
                 self.store.forget(g)
         for g in sorted(added):
             self.skip_dead[g] = self._recover_until_done(g)
@@ -150,18 +151,15 @@ class Worker:
             if err is not None:
                 metrics.BROKER_ERRORS.labels(err.name()).inc()
                 continue
-            g = m.partition()
-            if g not in self.groups:
+            if m.partition() not in self.groups:
                 continue  # fetched just before an unassignment
-            per_stream = self.pending.setdefault(g, {})
-            per_stream.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m)
+            self.pending.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m)
 
     def _cycle(self) -> None:
         started = time.perf_counter()
         now_ms = int(time.time() * 1000)
-        batches = [run_group_batch(self.job, self.plan, self.store, g, bufs, now_ms)
-                   for g, bufs in sorted(self.pending.items())]
-        self.pending.clear()
+        batches = run_cycle(self.job, self.plan, self.store, self.pending, now_ms)
+        self.pending = {}
         try:
             self.emitter.emit(batches, self.consumer, self._next_offsets(batches), self.skip_dead)
         except KafkaException as e:
@@ -242,7 +240,7 @@ class Worker:
             _, high = self.consumer.get_watermark_offsets(tp, cached=True)
             if high >= 0 and tp.offset >= 0:
                 lag += max(0, high - tp.offset)
-        lag += sum(len(b) for per in self.pending.values() for b in per.values())
+        lag += sum(len(b) for b in self.pending.values())
         metrics.LAG.set(lag)
         return lag
 

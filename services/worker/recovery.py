@@ -21,7 +21,7 @@ from schemas.results import H_OFFSET, H_TOPIC, BatchHeader, decode_headers
 from services import kafka, metrics
 from services.worker.intake import RecordBuffer
 from services.worker.output import Emitter
-from services.worker.processor import run_group_batch
+from services.worker.processor import run_cycle
 from state.windowed import WindowedStore
 from streamjoin.settings import JobSettings
 
@@ -54,7 +54,10 @@ def recover_group(job: JobSettings, bootstrap: str, plan: JoinPlan, store: Windo
                 "the state directory does not belong to this results topic (wipe it or use a fresh job name)"
             )
         buffers = _read_inputs(job, bootstrap, group, state.checkpoint.end, batch.header.end)
-        gb = run_group_batch(job, plan, store, group, buffers, now_ms=0)
+        replayed = run_cycle(job, plan, store, buffers, now_ms=0)
+        if [b.group for b in replayed] != [group] or replayed[0].end != batch.header.end:
+            raise RuntimeError(f"group {group}: replay of batch {batch.header.seq} did not reach its recorded boundary")
+        gb = replayed[0]
         missing = set(range(batch.header.chunks)) - batch.chunks
         if missing:  # an attempt died between chunks: write the rest, same content
             emitter.produce_results(gb, only_chunks=missing)

@@ -11,7 +11,7 @@ import numpy as np
 
 from services.worker.intake import RecordBuffer
 from services.worker.main import _stream_templates
-from services.worker.processor import join_plan, run_group_batch
+from services.worker.processor import join_plan, run_cycle
 from state.partition import window_prefix
 from state.store import Store
 from state.windowed import WindowedStore
@@ -39,6 +39,9 @@ class _Msg:
     def headers(self) -> None:
         return None
 
+    def partition(self) -> int:
+        return 3
+
 
 def _job(tmp_path: Path, rows: bool = False):
     window = {"rows": 2} if rows else {"range_ms": 100}
@@ -57,7 +60,8 @@ def _feed(job, store: WindowedStore, group: int, batches: int) -> None:
             i = j % 2
             buffers[i].add(_Msg(offset[i], j % 3, 1000 + n * 40 + j))  # type: ignore[arg-type]
             offset[i] += 1
-        gb = run_group_batch(job, plan, store, group, buffers, now_ms=0)
+        (gb,) = run_cycle(job, plan, store, buffers, now_ms=0)
+        assert gb.group == group
         tx = store.store.transaction()
         store.stage(tx, group, gb.state, gb.appended)
         tx.commit()
@@ -90,9 +94,9 @@ def test_restored_window_equals_memory_and_dead_blocks_are_deleted(tmp_path: Pat
 def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
     job = _job(tmp_path)
     store = WindowedStore(Store(tmp_path / "db"), join_plan(job), _stream_templates(job), hot_bytes=1)
-    _feed(job, store, group=1, batches=3)
-    before = _snapshot(store.get(1).window)
+    _feed(job, store, group=3, batches=3)
+    before = _snapshot(store.get(3).window)
     store.evict_cold(keep=set())
     assert store.hot_groups() == {} and store.hot_size == 0
-    assert _snapshot(store.get(1).window) == before
-    assert np.all(store.get(1).window.state[0]["_blk"] >= 1)
+    assert _snapshot(store.get(3).window) == before
+    assert np.all(store.get(3).window.state[0]["_blk"] >= 1)
