@@ -64,19 +64,51 @@ def producer(bootstrap: str, transactional_id: str | None = None, **extra: Any) 
     return Producer(conf | extra)
 
 
+def end_offsets(bootstrap: str, partitions: list[tuple[str, int]], group: str,
+                settle: float = 0.5) -> dict[tuple[str, int], int]:
+    """The true next offset of each partition.
+
+    Tansu answers ListOffsets with the base offset of the last record batch
+    plus one, not the end; so the last batch is read from there and its last
+    record counts. On Apache Kafka the watermark is exact and this reads at
+    most one record per partition.
+    """
+    c = consumer(bootstrap, group)
+    try:
+        highs = {tp: c.get_watermark_offsets(TopicPartition(*tp), timeout=10)[1] for tp in partitions}
+        ends = dict(highs)
+        probe = [TopicPartition(t, p, highs[(t, p)] - 1) for t, p in partitions if highs[(t, p)] > 0]
+        if probe:
+            c.assign(probe)
+            # Quiet for `settle`, or at most 4 x settle: a partition written all the time
+            # (the control topic's heartbeats) has no end "as of now" worth waiting for.
+            quiet_since = deadline = time.monotonic()
+            deadline += 4 * settle
+            while time.monotonic() - quiet_since < settle and time.monotonic() < deadline:
+                msgs = [m for m in c.consume(10_000, 0.1) if m.error() is None]
+                for m in msgs:
+                    key = (m.topic(), m.partition())
+                    ends[key] = max(ends[key], m.offset() + 1)
+                if msgs:
+                    quiet_since = time.monotonic()
+        return ends
+    finally:
+        c.close()
+
+
 def read_partitions(bootstrap: str, topic: str, starts: dict[int, int], group: str,
                     idle_timeout: float = 2.0) -> list[Message]:
     """Every record of the given partitions, from each start offset to the end as of now.
 
-    A partition is done when its position reaches the high watermark; under
+    A partition is done when its position reaches its end offset; under
     read_committed a broker may keep the position short of it (a transaction
     marker, an open transaction), so a stretch of `idle_timeout` without any
     record also ends the read.
     """
+    highs = {p: e for (_, p), e in end_offsets(bootstrap, [(topic, p) for p in starts], group).items()}
     c = consumer(bootstrap, group)
     try:
         c.assign([TopicPartition(topic, p, s if s > 0 else OFFSET_BEGINNING) for p, s in starts.items()])
-        highs = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in starts}
         remaining = {p for p, s in starts.items() if highs[p] > max(s, 0)}
         out: list[Message] = []
         last_progress = time.monotonic()

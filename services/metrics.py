@@ -57,6 +57,8 @@ STATE_TUPLES = Gauge("streamjoin_window_state_tuples", "Window tuples per partit
                      registry=REGISTRY)
 HOT_BYTES = Gauge("streamjoin_hot_state_bytes", "Window bytes held in memory (the rest is in RocksDB only)",
                   registry=REGISTRY)
+HOT_LIMIT = Gauge("streamjoin_hot_state_limit_bytes", "worker.hot_bytes: the in-memory budget for windows",
+                  registry=REGISTRY)
 LAG = Gauge("streamjoin_consumer_lag", "Records in the worker's input partitions not yet joined", registry=REGISTRY)
 GROUPS = Gauge("streamjoin_assigned_groups", "Partition groups this worker owns", registry=REGISTRY)
 BATCH_SECONDS = Histogram("streamjoin_batch_seconds", "Time to join one batch (all groups of one poll)",

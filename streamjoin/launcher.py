@@ -114,12 +114,8 @@ class Fleet:
 
 
 def input_end_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:
-    c = kafka.consumer(bootstrap, f"{job.consumer_group}-probe")
-    try:
-        return {(t, p): c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
-                for t in job.input_topics for p in range(job.partitions)}
-    finally:
-        c.close()
+    return kafka.end_offsets(bootstrap, [(t, p) for t in job.input_topics for p in range(job.partitions)],
+                             f"{job.consumer_group}-probe")
 
 
 def committed_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:

@@ -255,6 +255,38 @@ def _stream_info(job: JobSettings) -> list[dict]:
              "time_field": s.time_field, "window": s.window.model_dump(exclude_none=True)} for s in job.streams]
 
 
+def _input_summary(names: list[str], decoded: list[DataFrame], dead: DataFrame) -> dict:
+    """Input counts per stream, the dead-lettered ones by reason, and the lost ones
+    (unparsable, yet never dead-lettered)."""
+    counts = [d.agg(F.count(F.lit(1)).alias("n"),
+                    F.count_if(F.col("reason").isNotNull()).alias("dead"),
+                    F.count_if(~F.col("ok") & F.col("reason").isNull()).alias("lost")).first() for d in decoded]
+    by_reason = (reduce(DataFrame.unionByName, [d.filter(F.col("reason").isNotNull()).select("reason")
+                                                for d in decoded]).groupBy("reason").count().collect())
+    per_stream = {n: int(c["n"]) for n, c in zip(names, counts)}
+    return {
+        "inputs": {"per_stream": per_stream, "total": sum(per_stream.values())},
+        "dead_letter": {"count": sum(int(c["dead"]) for c in counts),
+                        "by_reason": {r["reason"]: int(r["count"]) for r in by_reason},
+                        "records": dead.count()},
+        "lost": sum(int(c["lost"]) for c in counts),
+    }
+
+
+def _groups_without_results(accepted: list[DataFrame], watermarks: DataFrame) -> int:
+    """Groups with input but not one result record: never processed. Count windows
+    expect nothing of them (nothing is final there), so the report says so."""
+    groups = reduce(DataFrame.unionByName, [a.select("partition") for a in accepted]).distinct()
+    return groups.join(watermarks, "partition", "left_anti").count()
+
+
+def _actual_refs(results: DataFrame, names: list[str]) -> DataFrame:
+    """Decoded results as p<i>, o<i> ref columns and produced_ms."""
+    refs = [c for i, n in enumerate(names)
+            for c in (_q(ref_columns(n)[0]).alias(_p(i)), _q(ref_columns(n)[1]).alias(_o(i)))]
+    return results.select(*refs, PRODUCED_MS)
+
+
 def run_verify(job: JobSettings, bootstrap: str, report_path: Path | None = None,
                plot_path: Path | None = None) -> dict:
     """Verify the job's results topic against the exact join of its inputs; returns the report."""
@@ -262,63 +294,41 @@ def run_verify(job: JobSettings, bootstrap: str, report_path: Path | None = None
     if unsupported:
         raise ValueError(f"verify decodes JSON inputs only; streams {unsupported} use another format")
     spark = local_session("streamjoin-verify")
-    m, names = len(job.streams), [s.name for s in job.streams]
+    names = [s.name for s in job.streams]
     raw = _read(spark, bootstrap, [*job.input_topics, job.results_topic, job.dead_letter_topic])
     dead = decode_dead_letters(raw.filter(F.col("topic") == job.dead_letter_topic)).localCheckpoint()
     raw_results = raw.filter(F.col("topic") == job.results_topic)
-
     decoded = [decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s)
                .join(dead, ["topic", "partition", "offset"], "left") for s in job.streams]
-    counts = [d.agg(F.count(F.lit(1)).alias("n"),
-                    F.count_if(F.col("reason").isNotNull()).alias("dead"),
-                    F.count_if(~F.col("ok") & F.col("reason").isNull()).alias("lost")).first() for d in decoded]
-    by_reason = (reduce(DataFrame.unionByName, [d.filter(F.col("reason").isNotNull()).select("reason")
-                                                for d in decoded])
-                 .groupBy("reason").count().collect())
     accepted = [d.filter(F.col("ok") & F.col("reason").isNull()) for d in decoded]
 
-    all_wm = final_watermarks(raw_results)
-    wm = all_wm if job.emits_on_watermark else None
-    # Groups with input but no result record at all: never processed. Count windows
-    # expect nothing of them (nothing is final), so say so rather than stay silent.
-    silent = (reduce(DataFrame.unionByName, [a.select("partition") for a in accepted]).distinct()
-              .join(all_wm, "partition", "left_anti").count())
-    expected = expected_join(accepted, [s.window for s in job.streams], wm).localCheckpoint()
+    watermarks = final_watermarks(raw_results).localCheckpoint()
+    expected = expected_join(accepted, [s.window for s in job.streams],
+                             watermarks if job.emits_on_watermark else None).localCheckpoint()
     results = decode_results(raw_results, job).localCheckpoint()
-    actual = results.select(*[c for i, n in enumerate(names)
-                              for c in (_q(ref_columns(n)[0]).alias(_p(i)),
-                                        _q(ref_columns(n)[1]).alias(_o(i)))],
-                            PRODUCED_MS)
-    diff = compare(expected, actual, m)
+    actual = _actual_refs(results, names)
+    diff = compare(expected, actual, len(names))
     totals = results.agg(F.count(F.lit(1)).alias("n"), F.count_if(~F.col("id_ok")).alias("bad")).first()
     delays = production_delays(actual, decoded).localCheckpoint()
-    delay = _percentiles(delays)
 
-    per_stream = {n: int(c["n"]) for n, c in zip(names, counts)}
-    dead_count, lost = sum(int(c["dead"]) for c in counts), sum(int(c["lost"]) for c in counts)
     report = {
         "job": job.job,
         "streams": _stream_info(job),
-        "inputs": {"per_stream": per_stream, "total": sum(per_stream.values())},
+        **_input_summary(names, decoded, dead),
         "results": int(totals["n"]),
         "result_records": raw_results.count(),
-        "expected": diff["expected"],
-        "missing": diff["missing"],
-        "extra": diff["extra"],
-        "duplicates": diff["duplicates"],
+        **diff,
         "bad_ids": int(totals["bad"]),
-        "dead_letter": {"count": dead_count, "by_reason": {r["reason"]: int(r["count"]) for r in by_reason},
-                        "records": dead.count()},
-        "lost": lost,
         "watermark_bounded": job.emits_on_watermark,
-        "groups_without_results": silent,
-        "delay_ms": delay,
+        "groups_without_results": _groups_without_results(accepted, watermarks),
+        "delay_ms": _percentiles(delays),
     }
     report["verified"] = all(report[k] == 0 for k in ("missing", "extra", "duplicates", "bad_ids", "lost"))
     if report_path is not None:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     if plot_path is not None:
-        plot_delays(delays, delay, f"{job.job}: production delay of {report['results']} results "
-                                   f"({'verified' if report['verified'] else 'NOT verified'})", plot_path)
+        plot_delays(delays, report["delay_ms"], f"{job.job}: production delay of {report['results']} results "
+                                                f"({'verified' if report['verified'] else 'NOT verified'})",
+                    plot_path)
     return report

@@ -67,6 +67,7 @@ class Worker:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         server = metrics.serve(self.metrics_port, self.health)
+        metrics.HOT_LIMIT.set(self.job.worker.hot_bytes)
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
         kafka.wait_for_broker(self.bootstrap, log)
         self._wait_for_topics()
