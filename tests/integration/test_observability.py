@@ -74,7 +74,12 @@ def test_prometheus_scrapes_workers_and_evaluates_rules(broker, fleet_for, tmp_p
         assert tuples and float(tuples[0]["value"][1]) == len(rows)
         late = _query(port, 'sum(streamjoin_dead_letter_total{reason="late"})')
         assert float(late[0]["value"][1]) == 1
-        up = _query(port, 'up{job="it"}')
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # every target has had its first scrape
+            up = _query(port, 'up{job="it"}')
+            if len(up) == 3:
+                break
+            time.sleep(1)
         assert sorted(r["metric"]["component"] for r in up) == ["coordinator", "worker", "worker"]
         assert all(r["value"][1] == "1" for r in up)
         status, body = _get(f"http://127.0.0.1:{port}/api/v1/rules")
