@@ -230,6 +230,7 @@ def run_sources(job: JobSettings, bootstrap: str, seconds: float | None = None, 
     """Write `seconds` of the job's workload into its input topics; returns
     {"records": {stream: n}, "seconds": event-time span generated, "rate": {stream: tuples/s},
     "wall_seconds": time the query ran}."""
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     seconds = seconds if seconds is not None else job.workload.seconds
@@ -237,8 +238,9 @@ def run_sources(job: JobSettings, bootstrap: str, seconds: float | None = None, 
     spark = local_session("streamjoin-sources")
     spark.dataSource.register(WorkloadSource)
     topics = job.input_topics
+    # Progress goes to stderr: stdout carries the commands' JSON.
     progress = Progress(TextColumn("[bold]sources[/] {task.description}"), BarColumn(), TimeRemainingColumn(),
-                        disable=not show_progress)
+                        disable=not show_progress, console=Console(stderr=True))
     task = progress.add_task("starting", total=seconds)
 
     def shown(t: _Tracker) -> None:
