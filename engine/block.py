@@ -53,13 +53,6 @@ class Block:
     def filter(self, mask: np.ndarray) -> "Block":
         return Block({k: v[mask] for k, v in self.columns.items()})
 
-    @staticmethod
-    def empty_like(names_dtypes: Mapping[str, np.dtype]) -> "Block":
-        return Block({k: np.empty(0, dtype=d) for k, d in names_dtypes.items()})
-
-    def dtypes(self) -> dict[str, np.dtype]:
-        return {k: v.dtype for k, v in self.columns.items()}
-
 
 def concat(blocks: Iterable[Block]) -> Block:
     blocks = [b for b in blocks if b.columns]

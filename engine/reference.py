@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 TupleRef = tuple[str, int, int]  # (topic, partition, offset): a tuple's identity
 
@@ -79,9 +79,3 @@ def reference_join(
                 out.add(tuple(t.ref for t in combo))
     return out
 
-
-def count_by_ref(results: Iterable[tuple[TupleRef, ...]]) -> dict[tuple[TupleRef, ...], int]:
-    counts: dict[tuple[TupleRef, ...], int] = {}
-    for r in results:
-        counts[r] = counts.get(r, 0) + 1
-    return counts

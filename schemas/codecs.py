@@ -227,12 +227,7 @@ def decode_block(data: bytes) -> Block:
     return Block(cols)
 
 
-def encode_json_records(spec: StreamSpec, rows: Sequence[dict]) -> list[bytes]:
-    """Producer side helper (tests, sources): one JSON record per tuple."""
-    return [json.dumps({k: r[k] for k in spec.fields}, separators=(",", ":")).encode() for r in rows]
-
-
 __all__ = [
     "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_SHIFT", "DECODERS", "Decoded", "Reject",
-    "arrow_schema", "avro_schema", "decode_block", "encode_block", "encode_json_records", "keys_are_exact",
+    "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact",
 ]

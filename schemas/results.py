@@ -58,10 +58,6 @@ class BatchHeader:
         return cls(int(h[H_GROUP]), int(h[H_SEQ]), int(chunk), int(chunks), json.loads(h[H_END]),
                    int(h[H_WM]), h.get(H_WORKER, ""))
 
-    @property
-    def last_chunk(self) -> bool:
-        return self.chunk == self.chunks - 1
-
 
 def dead_letter_headers(reason: str, detail: str, topic: str, partition: int, offset: int, group: int,
                         seq: int) -> list[tuple[str, bytes]]:

@@ -48,9 +48,6 @@ class WindowedStore:
         self._hot[group] = state  # most recently used last
         return state
 
-    def has_checkpoint(self, group: int) -> bool:
-        return group in self._hot or self.store.get(checkpoint_key(group)) is not None
-
     def _restore(self, group: int) -> GroupState:
         ckpt = GroupCheckpoint.decode(self.store.get(checkpoint_key(group))) or GroupCheckpoint()
         window = empty_window(self.plan, self.templates)
