@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 TupleRef = tuple[str, int, int]  # (topic, partition, offset): a tuple's identity
 
@@ -79,3 +79,54 @@ def reference_join(
                 out.add(tuple(t.ref for t in combo))
     return out
 
+
+
+# ------------------------------------------------------------- ring mode (theta)
+
+@dataclass(frozen=True)
+class ThetaTuple:
+    """A tuple of ring mode: identity, event time and the fields predicates read."""
+
+    ref: TupleRef
+    ts: int
+    fields: Mapping[str, object]
+
+
+def theta_order(stream: int, t: ThetaTuple) -> tuple[int, int, int, int]:
+    """The global order ring mode releases tuples in: (ts, stream, partition, offset)."""
+    return (t.ts, stream, t.ref[1], t.ref[2])
+
+
+def reference_theta_join(
+    streams: Sequence[Sequence[ThetaTuple]],
+    windows: Sequence[RefWindow],
+    pair_predicate: Callable[[int, ThetaTuple, int, ThetaTuple], bool],
+) -> set[tuple[TupleRef, ...]]:
+    """Ring mode's contract: every combination (one tuple per stream) whose
+    newest member in the global order (`theta_order`) is the trigger t, with
+    T = ts(t), every member s_i inside its window at t, and the predicate true
+    on every pair of members:
+      RANGE W_i:  T - ts(s_i) < W_i
+      ROWS  N_i:  fewer than N_i tuples u of stream i lie after s_i and not
+                  after t in the global order (count windows are per stream).
+    `pair_predicate(i, a, j, b)` is the AND of the terms between streams i < j.
+    """
+    m = len(streams)
+    ordered = [sorted(s, key=lambda t, i=i: theta_order(i, t)) for i, s in enumerate(streams)]
+    out: set[tuple[TupleRef, ...]] = set()
+    for combo in itertools.product(*ordered):
+        keys = [theta_order(i, t) for i, t in enumerate(combo)]
+        trigger = max(keys)
+        big_t = trigger[0]
+        inside = True
+        for i, (w, t) in enumerate(zip(windows, combo)):
+            if w.range_ms is not None:
+                inside = big_t - t.ts < w.range_ms
+            else:
+                newer = sum(1 for u in ordered[i] if keys[i] < theta_order(i, u) <= trigger)
+                inside = newer < (w.rows or 0)
+            if not inside:
+                break
+        if inside and all(pair_predicate(i, combo[i], j, combo[j]) for i in range(m) for j in range(i + 1, m)):
+            out.add(tuple(t.ref for t in combo))
+    return out

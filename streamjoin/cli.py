@@ -22,6 +22,8 @@ from streamjoin.settings import JobSettings, SettingsError, load
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 topics_app = typer.Typer(no_args_is_help=True, help="Create or check the job's topics.")
 app.add_typer(topics_app, name="topics")
+plan_app = typer.Typer(no_args_is_help=True, help="Cost-model plans.")
+app.add_typer(plan_app, name="plan")
 console = Console(stderr=True, soft_wrap=True)
 
 JobOpt = Annotated[Optional[Path], typer.Option("--job", help="YAML job file (default: the seed-000 demo job)")]
@@ -176,6 +178,44 @@ def demo(
     keys = ("verified", "inputs", "results", "missing", "extra", "duplicates", "dead_letter", "delay_ms")
     print(json.dumps({k: result.get(k) for k in keys} | {"report": str(report)}, indent=2))
     raise typer.Exit(0 if result["verified"] else 1)
+
+
+@plan_app.command("ring")
+def plan_ring(
+    job_file: Annotated[Path, typer.Argument(help="YAML job file of a ring-mode job")],
+    bootstrap: BootstrapOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """PSP cost model (seed 004, eqs. 1-5): predicted service rate and latency per ring size N."""
+    from services.coordinator.ring_plan import plan_ring as make_plan, render_plan
+
+    s = _settings(job_file, bootstrap=bootstrap)
+    if s.join.mode != "ring":
+        console.print(f"[red]error:[/red] {job_file} has join.mode={s.join.mode!r}; `plan ring` needs join.mode: ring")
+        raise typer.Exit(2)
+    plan = make_plan(s, s.bootstrap)
+    if as_json:
+        print(json.dumps(plan, indent=2))
+    else:
+        render_plan(plan, Console())
+
+
+@app.command()
+def bench(
+    workload: Annotated[str, typer.Argument(help="equijoin | band | psp")],
+    quick: Annotated[bool, typer.Option("--quick", help="small enough for CI (a minute or two)")] = False,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="write the curve PNG here")] = None,
+) -> None:
+    """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact."""
+    from streamjoin.bench import WORKLOADS, run_bench
+
+    if workload not in WORKLOADS:
+        console.print(f"[red]error:[/red] unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}")
+        raise typer.Exit(2)
+    result = run_bench(workload, quick=quick, json_path=json_path, plot_path=plot)
+    print(json.dumps(result, indent=2))
+    raise typer.Exit(0 if result.get("exact") else 1)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ class StreamSpec(_Strict):
     format: Literal["json", "avro", "blocks"] = "json"
     fields: dict[str, FieldType]
     time_field: str
-    key_fields: list[str] = Field(min_length=1)
+    key_fields: list[str] = Field(default_factory=list, description="join key (hash mode needs one); Kafka record key")
     window: WindowSpec
 
     @model_validator(mode="after")
@@ -64,9 +64,60 @@ class StreamSpec(_Strict):
         return self
 
 
+class PredicateTerm(_Strict):
+    """One condition between two streams' fields, each named "stream.field".
+
+    No `within` and no `udf`: equality. `within: d`: abs(left - right) <= d
+    (a band). `udf: name`: the mask returned by the UDF registered under
+    `join.udfs[name]`, called with aligned NumPy arrays of the two fields and
+    `args` as keyword arguments."""
+
+    left: str = Field(pattern=r"^[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+    right: str = Field(pattern=r"^[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+    within: float | None = Field(default=None, ge=0)
+    udf: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "PredicateTerm":
+        if self.within is not None and self.udf is not None:
+            raise ValueError("a term is a band (`within`) or a UDF (`udf`), not both")
+        if self.left.split(".")[0] == self.right.split(".")[0]:
+            raise ValueError(f"a term relates two different streams, got {self.left} and {self.right}")
+        return self
+
+    @property
+    def kind(self) -> Literal["eq", "band", "udf"]:
+        return "udf" if self.udf is not None else "band" if self.within is not None else "eq"
+
+
 class JoinSpec(_Strict):
-    mode: Literal["hash"] = "hash"
+    mode: Literal["hash", "ring"] = Field(
+        default="hash", description="hash: partition groups by key (seeds 000/003); ring: PSP time slices (seed 004)")
     allowed_lateness_ms: int = Field(default=2000, ge=0)
+    predicate: list[PredicateTerm] = Field(
+        default_factory=list, description="ring mode: ANDed terms (equality, band, UDF); hash mode joins on keys")
+    udfs: dict[str, str] = Field(default_factory=dict, description="UDF name -> 'module:callable'")
+    order: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="ring mode: per arriving stream, the order in which it probes the others "
+                    "(default: ascending rate x window x selectivity, seed 004 section 5.4)")
+
+
+class RingSpec(_Strict):
+    """PSP ring (seed 004): N nodes each hold one time slice of every stream's window."""
+
+    nodes: int | Literal["auto"] = Field(
+        default="auto", description="ring size N at start; auto = the cost model's latency-minimising N")
+    max_nodes: int = Field(default=8, ge=1, le=64)
+    max_rounds_in_flight: int = Field(
+        default=1, ge=1, le=64, description="1 = PSP (one round at a time); more = PSP-I interleaving")
+    slice_cap_tuples: int | None = Field(
+        default=None, gt=0, description="workload smoothing: count bound on each non-tail node's slice per stream")
+    relocation: Literal["passive", "aggressive"] = Field(
+        default="passive", description="on a resize: slice bounds move gradually, or state moves at once")
+    passive_rounds: int = Field(default=20, ge=1, description="rounds over which passive relocation moves bounds")
+    round_ms: int = Field(default=100, gt=0, description="how often the head releases a round by watermark")
 
 
 class WorkerSpec(_Strict):
@@ -91,14 +142,22 @@ class CoordinatorSpec(_Strict):
 
 
 class WorkloadSpec(_Strict):
-    """Seed 000's workload: Poisson arrivals, b-model keys, fixed-size tuples."""
+    """Generated workloads, all with Poisson arrivals:
+    equijoin  seed 000: b-model keys over `domain`, `tuple_bytes`-sized JSON tuples;
+    band      the handshake/SplitJoin band join: numbers uniform in 1..`value_max`;
+    images    seed 004: RGB images of `pixels` pixels (Arrow blocks), drawn from
+              round(1 / `selectivity`) scenes, so that share of pairs is similar."""
 
+    kind: Literal["equijoin", "band", "images"] = "equijoin"
     rate: float = Field(default=1500.0, gt=0, description="tuples/s per stream")
     skew: float = Field(default=0.7, ge=0.5, lt=1.0, description="b-model bias")
     domain: int = Field(default=1 << 20, gt=1, description="join-key domain size (power of two)")
     tuple_bytes: int = Field(default=64, ge=32)
     seconds: float = Field(default=30.0, gt=0)
     seed: int = 7
+    value_max: int = Field(default=10_000, gt=0, description="band: values uniform in 1..value_max")
+    pixels: int = Field(default=10_000, gt=0, description="images: pixels per image (3 bytes each)")
+    selectivity: float = Field(default=0.1, gt=0, le=1, description="images: share of image pairs that match")
 
     @field_validator("domain")
     @classmethod
@@ -118,6 +177,7 @@ class JobSettings(BaseModel):
     join: JoinSpec = JoinSpec()
     worker: WorkerSpec = WorkerSpec()
     coordinator: CoordinatorSpec = CoordinatorSpec()
+    ring: RingSpec = RingSpec()
     workload: WorkloadSpec = WorkloadSpec()
 
     @model_validator(mode="after")
@@ -125,10 +185,42 @@ class JobSettings(BaseModel):
         names = [s.name for s in self.streams]
         if len(set(names)) != len(names):
             raise ValueError(f"stream names must be unique, got {names}")
+        if self.join.mode == "hash":
+            self._check_hash_mode()
+        else:
+            self._check_ring_mode()
+        return self
+
+    def _check_hash_mode(self) -> None:
+        if self.join.predicate:
+            raise ValueError("join.predicate is for join.mode: ring; hash mode joins on the streams' key_fields")
+        missing = [s.name for s in self.streams if not s.key_fields]
+        if missing:
+            raise ValueError(f"hash mode joins on keys: give key_fields for streams {missing}")
         key_types = {tuple(s.fields[k] for k in s.key_fields) for s in self.streams}
         if len(key_types) != 1:
             raise ValueError(f"all streams must have key fields of the same types for an equi-join, got {key_types}")
-        return self
+
+    def _check_ring_mode(self) -> None:
+        fields = {s.name: s.fields for s in self.streams}
+        for i, term in enumerate(self.join.predicate):
+            for side in (term.left, term.right):
+                stream, field = side.split(".", 1)
+                if stream not in fields or field not in fields[stream]:
+                    raise ValueError(f"join.predicate.{i}: {side} names no field of a stream {sorted(fields)}")
+                if term.kind == "band" and fields[stream][field] not in ("int", "float"):
+                    raise ValueError(f"join.predicate.{i}: band term needs numeric fields, {side} is "
+                                     f"{fields[stream][field]}")
+            if term.udf is not None and term.udf not in self.join.udfs:
+                raise ValueError(f"join.predicate.{i}: unknown UDF {term.udf!r}; register it under join.udfs "
+                                 f"(known: {sorted(self.join.udfs) or 'none'})")
+        for stream, order in self.join.order.items():
+            others = sorted(n for n in fields if n != stream)
+            if stream not in fields or sorted(order) != others:
+                raise ValueError(f"join.order.{stream}: must list the other streams {others} once each")
+        if isinstance(self.ring.nodes, int) and not 1 <= self.ring.nodes <= self.ring.max_nodes:
+            raise ValueError(f"ring.nodes={self.ring.nodes} is impossible: give 1..ring.max_nodes "
+                             f"({self.ring.max_nodes}) or 'auto'")
 
     def topic_of(self, stream: StreamSpec) -> str:
         return stream.topic or f"{self.job}.{stream.name}"
@@ -152,6 +244,10 @@ class JobSettings(BaseModel):
     @property
     def placement_topic(self) -> str:
         return f"{self.job}.placement"
+
+    def hop_topic(self, node: str) -> str:
+        """Ring mode: the one-partition topic a ring node reads (FIFO from its predecessor)."""
+        return f"{self.job}.ring.{node}"
 
     @property
     def consumer_group(self) -> str:
@@ -214,4 +310,5 @@ class _EnvOnly(BaseSettings):
     join: dict[str, Any] | None = None
     worker: dict[str, Any] | None = None
     coordinator: dict[str, Any] | None = None
+    ring: dict[str, Any] | None = None
     workload: dict[str, Any] | None = None

@@ -1,0 +1,106 @@
+"""Join predicates for ring mode: ANDed terms between two streams' fields.
+
+    eq    left == right
+    band  abs(left - right) <= within
+    udf   a registered vectorised callable: udf(left_values, right_values, **args) -> bool mask
+
+A term is evaluated on aligned candidate pairs (two equally long arrays), never
+tuple by tuple. UDFs are user code: a call that raises or returns anything but
+one bool per pair is a `UdfFailure`, which the caller isolates to the probe
+rows involved (they go to the dead-letter topic; their pairs count as no match).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+import numpy as np
+
+Udf = Callable[..., np.ndarray]
+
+
+class PredicateError(ValueError):
+    """A predicate that cannot run: unknown or unimportable UDF, unknown field."""
+
+
+class UdfFailure(RuntimeError):
+    """A UDF raised or returned the wrong shape on some pairs."""
+
+
+@dataclass(frozen=True)
+class Term:
+    left: tuple[int, str]  # (stream index, field)
+    right: tuple[int, str]
+    kind: Literal["eq", "band", "udf"]
+    within: float = 0.0
+    udf_name: str = ""
+    udf: Udf | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def streams(self) -> frozenset[int]:
+        return frozenset((self.left[0], self.right[0]))
+
+    def side(self, stream: int) -> str:
+        """This term's field on `stream`'s side."""
+        return self.left[1] if self.left[0] == stream else self.right[1]
+
+    def other(self, stream: int) -> tuple[int, str]:
+        return self.right if self.left[0] == stream else self.left
+
+    def evaluate(self, values: Mapping[int, np.ndarray]) -> np.ndarray:
+        """Mask over aligned pairs; `values[s]` holds stream s's field of this term."""
+        a, b = values[self.left[0]], values[self.right[0]]
+        if self.kind == "eq":
+            return a == b
+        if self.kind == "band":
+            return np.abs(a.astype(np.float64) - b.astype(np.float64)) <= self.within
+        assert self.udf is not None
+        try:
+            mask = self.udf(a, b, **self.args)
+        except Exception as e:  # user code: any failure is isolated, never fatal
+            raise UdfFailure(f"UDF {self.udf_name!r} raised {type(e).__name__}: {e}") from e
+        mask = np.asarray(mask)
+        if mask.shape != (len(a),) or mask.dtype != np.bool_:
+            raise UdfFailure(f"UDF {self.udf_name!r} returned {mask.dtype}{list(mask.shape)}, "
+                             f"expected one bool per pair: bool[{len(a)}]")
+        return mask
+
+
+def load_udf(name: str, target: str) -> Udf:
+    """Import 'module:callable'; fail with a message that says what to fix."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise PredicateError(f"join.udfs.{name}: {target!r} must look like 'package.module:function'")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise PredicateError(f"join.udfs.{name}: cannot import {target!r}: {e}") from e
+    if not callable(fn):
+        raise PredicateError(f"join.udfs.{name}: {target!r} is not callable")
+    return fn
+
+
+def compile_terms(stream_names: list[str], terms: list[Any], udfs: Mapping[str, str]) -> tuple[Term, ...]:
+    """Settings' PredicateTerms -> Terms with stream indexes and loaded UDFs."""
+    index = {n: i for i, n in enumerate(stream_names)}
+    loaded = {name: load_udf(name, target) for name, target in udfs.items()}
+    out = []
+    for t in terms:
+        (ls, lf), (rs, rf) = t.left.split(".", 1), t.right.split(".", 1)
+        if t.udf is not None and t.udf not in loaded:
+            raise PredicateError(f"unknown UDF {t.udf!r}: register it under join.udfs")
+        out.append(Term((index[ls], lf), (index[rs], rf), t.kind, float(t.within or 0.0), t.udf or "",
+                        loaded.get(t.udf or ""), dict(t.args)))
+    return tuple(out)
+
+
+def terms_between(terms: tuple[Term, ...], stream: int, members: frozenset[int]) -> list[Term]:
+    """The terms that become decidable when `stream` joins a partial holding `members`."""
+    return [t for t in terms if stream in t.streams and (t.streams - {stream}) <= members]
+
+
+def fields_needed(terms: tuple[Term, ...], stream: int) -> set[str]:
+    return {t.side(stream) for t in terms if stream in t.streams}
