@@ -26,7 +26,12 @@ class PredicateError(ValueError):
 
 
 class UdfFailure(RuntimeError):
-    """A UDF raised or returned the wrong shape on some pairs."""
+    """A UDF raised (`systematic=False`: it may depend on the data) or returned
+    the wrong shape (`systematic=True`: no subset of the pairs will do better)."""
+
+    def __init__(self, message: str, systematic: bool) -> None:
+        super().__init__(message)
+        self.systematic = systematic
 
 
 @dataclass(frozen=True)
@@ -61,11 +66,11 @@ class Term:
         try:
             mask = self.udf(a, b, **self.args)
         except Exception as e:  # user code: any failure is isolated, never fatal
-            raise UdfFailure(f"UDF {self.udf_name!r} raised {type(e).__name__}: {e}") from e
+            raise UdfFailure(f"UDF {self.udf_name!r} raised {type(e).__name__}: {e}", systematic=False) from e
         mask = np.asarray(mask)
         if mask.shape != (len(a),) or mask.dtype != np.bool_:
             raise UdfFailure(f"UDF {self.udf_name!r} returned {mask.dtype}{list(mask.shape)}, "
-                             f"expected one bool per pair: bool[{len(a)}]")
+                             f"expected one bool per pair: bool[{len(a)}]", systematic=True)
         return mask
 
 

@@ -1,0 +1,206 @@
+"""The head's side of the ring: it releases rounds and decides their layout.
+
+* `Sequencer` puts released tuples in the global order (ts, stream,
+  partition, offset) and numbers them: `_g` (global), `_sseq` (per stream) and
+  on every tuple the per-stream counts up to it (count windows need them).
+* `release_before` takes what the watermark lets go: the m source topics are
+  merged in event-time order by watermark, as seed 004's head does.
+* `RoundPlanner` stamps each round with its layout and slice bounds, bounds
+  the rounds in flight (1 = PSP, more = PSP-I), and runs resizes: passive
+  relocation moves the bounds gradually over `passive_rounds` rounds, so state
+  flows to its new owner with ordinary purge traffic; aggressive relocation
+  drains the ring (suspend), hands whole slices to a neighbour in one round,
+  and resumes on the new layout. Layouts change only between drained rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.block import OFF, PART, TS, Block, concat
+from engine.psp.messages import RoundInfo
+from engine.psp.plan import RingPlan, count_column
+from engine.psp.slices import G, SSEQ
+
+
+class Sequencer:
+    def __init__(self, m: int) -> None:
+        self.next_g = 0
+        self.counts = [0] * m
+
+    def sequence(self, blocks: list[Block]) -> list[Block]:
+        """Per stream, the released tuples sorted by and tagged with the global order."""
+        m = len(blocks)
+        sizes = [len(b) for b in blocks]
+        stream = np.repeat(np.arange(m), sizes)
+        ts, part, off = (np.concatenate([b[c] for b in blocks]) if sum(sizes) else np.empty(0, np.int64)
+                         for c in (TS, PART, OFF))
+        order = np.lexsort((off, part, stream, ts))
+        g = np.empty(len(order), np.int64)
+        g[order] = self.next_g + np.arange(len(order))
+        stream_sorted = stream[order]
+        counts_sorted = {k: self.counts[k] + np.cumsum(stream_sorted == k) for k in range(m)}
+        out, start = [], 0
+        for i, b in enumerate(blocks):
+            local_g = g[start:start + sizes[i]]
+            local = np.argsort(local_g, kind="stable")
+            rank = np.empty(len(order), np.int64)
+            rank[order] = np.arange(len(order))
+            at = rank[start:start + sizes[i]][local]
+            cols = dict(b.take(local).columns) | {G: local_g[local],
+                                                  SSEQ: self.counts[i] + 1 + np.arange(sizes[i], dtype=np.int64)}
+            cols |= {count_column(k): counts_sorted[k][at].astype(np.int64) for k in range(m)}
+            out.append(Block(cols))
+            start += sizes[i]
+        self.next_g += len(order)
+        self.counts = [c + s for c, s in zip(self.counts, sizes)]
+        return out
+
+
+def release_before(pending: list[Block], watermark: int) -> tuple[list[Block], list[Block]]:
+    """Split each stream's pending tuples into (released: ts < watermark, still pending)."""
+    released, kept = [], []
+    for b in pending:
+        early = b[TS] < watermark if len(b) else np.zeros(0, bool)
+        released.append(b.filter(early))
+        kept.append(b.filter(~early))
+    return released, kept
+
+
+def even_bounds(plan: RingPlan, layout: tuple[str, ...], dropped: frozenset[str] = frozenset()
+                ) -> dict[str, tuple[float, ...]]:
+    """Equal slices over the nodes that keep state; a dropped node gets zero width
+    (its bound equals its predecessor's, so everything it holds moves on)."""
+    keeping = [n for n in layout if n not in dropped]
+    out: dict[str, tuple[float, ...]] = {}
+    prev = tuple(0.0 for _ in plan.streams)
+    for n in layout:
+        if n in dropped:
+            out[n] = prev
+            continue
+        frac = (keeping.index(n) + 1) / len(keeping)
+        out[n] = prev = tuple(frac * s.size for s in plan.streams)
+    return out
+
+
+def _blend(a: dict[str, tuple[float, ...]], b: dict[str, tuple[float, ...]], x: float
+           ) -> dict[str, tuple[float, ...]]:
+    return {n: tuple(p + (q - p) * x for p, q in zip(a[n], b[n])) for n in b}
+
+
+@dataclass
+class _Step:
+    """One stage of a resize, run after the ring has drained."""
+
+    layout: tuple[str, ...]
+    target: dict[str, tuple[float, ...]]
+    rounds: int = 0  # passive: rounds over which bounds move from the current ones to `target`
+    handoff: dict[str, str] = field(default_factory=dict)
+
+
+class RoundPlanner:
+    def __init__(self, plan: RingPlan, layout: tuple[str, ...], max_in_flight: int = 1, cap: int | None = None,
+                 relocation: str = "passive", passive_rounds: int = 20) -> None:
+        self.plan, self.layout = plan, tuple(layout)
+        self.max_in_flight, self.cap = max_in_flight, cap
+        self.relocation, self.passive_rounds = relocation, passive_rounds
+        self.bounds = even_bounds(plan, self.layout)
+        self._from = self._to = self.bounds
+        self._moved, self._span = 0, 0
+        self.next_round = 0
+        self.in_flight: set[int] = set()
+        self.steps: list[_Step] = []
+
+    # -------------------------------------------------------------- rounds
+    @property
+    def draining(self) -> bool:
+        """A resize stage waits: no new rounds until the ring is empty (passive bound moves run on rounds)."""
+        return bool(self.steps) and self._moved >= self._span
+
+    def can_release(self) -> bool:
+        return not self.draining and len(self.in_flight) < self.max_in_flight
+
+    def next_info(self, low_ts: int, count_before: tuple[int, ...], watermark: int,
+                  handoff: dict[str, str] | None = None) -> RoundInfo:
+        if self._span:
+            self._moved = min(self._moved + 1, self._span)
+            self.bounds = _blend(self._from, self._to, self._moved / self._span)
+        r = self.next_round
+        self.next_round += 1
+        self.in_flight.add(r)
+        return RoundInfo(r, self.layout, dict(self.bounds), low_ts, count_before, watermark, self.done_below,
+                         self.cap, dict(handoff or {}))
+
+    @property
+    def done_below(self) -> int:
+        return min(self.in_flight, default=self.next_round)
+
+    def on_done(self, rnd: int) -> None:
+        self.in_flight.discard(rnd)
+
+    # ------------------------------------------------------------- resizes
+    def resize(self, new_layout: tuple[str, ...]) -> None:
+        """Plan the move from the current layout to `new_layout` (the head stays first)."""
+        new_layout = tuple(new_layout)
+        if not new_layout or new_layout[0] != self.layout[0]:
+            raise ValueError(f"the head {self.layout[0]} must stay first in the ring, got {list(new_layout)}")
+        removed = [n for n in self.layout if n not in new_layout]
+        both = tuple(n for n in _merge_orders(self.layout, new_layout))
+        handoff = {n: _neighbour_kept(both, n, new_layout) for n in removed}
+        if self.relocation == "passive":
+            # Grow into the union with removed nodes at zero width, then hand off what is left.
+            self.steps.append(_Step(both, even_bounds(self.plan, both, frozenset(removed)), self.passive_rounds))
+        if removed:
+            self.steps.append(_Step(both, even_bounds(self.plan, both, frozenset(removed)), 0, handoff))
+        self.steps.append(_Step(new_layout, even_bounds(self.plan, new_layout)))
+
+    def step_ready(self) -> _Step | None:
+        """The next resize stage, once the ring is drained and the previous stage's rounds are through."""
+        if not self.steps or self.in_flight or self._moved < self._span:
+            return None
+        return self.steps.pop(0)
+
+    def apply(self, step: _Step) -> None:
+        if step.layout != self.layout:
+            # A new node starts with its predecessor's bound: zero width, filled by purge traffic.
+            bounds: dict[str, tuple[float, ...]] = {}
+            for i, n in enumerate(step.layout):
+                bounds[n] = self.bounds[n] if n in self.bounds else bounds[step.layout[i - 1]]
+            self.bounds, self.layout = bounds, step.layout
+        if step.rounds:
+            self._from, self._to, self._moved, self._span = dict(self.bounds), step.target, 0, step.rounds
+        else:
+            self.bounds = self._from = self._to = step.target
+            self._moved = self._span = 0
+
+
+def _merge_orders(old: tuple[str, ...], new: tuple[str, ...]) -> list[str]:
+    """Union of two rings keeping each one's order: removed nodes stay where they were."""
+    out = list(new)
+    for i, n in enumerate(old):
+        if n not in out:
+            before = old[i - 1] if i else None
+            out.insert(out.index(before) + 1 if before in out else len(out), n)
+    return out
+
+
+def _neighbour_kept(ring: tuple[str, ...], node: str, kept: tuple[str, ...]) -> str:
+    """Whom a removed node hands its slice to: the next kept node toward the tail, else back toward the head."""
+    i = ring.index(node)
+    for n in ring[i + 1:]:
+        if n in kept:
+            return n
+    for n in reversed(ring[:i]):
+        if n in kept:
+            return n
+    raise ValueError("a ring needs at least one node")
+
+
+def empty_like(blocks: list[Block]) -> list[Block]:
+    return [b.take(np.empty(0, np.int64)) for b in blocks]
+
+
+def concat_pending(a: list[Block], b: list[Block]) -> list[Block]:
+    return [concat([x, y]) if len(x) and len(y) else (y if len(y) else x) for x, y in zip(a, b)]

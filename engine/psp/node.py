@@ -1,0 +1,186 @@
+"""A ring node's reaction to each message (seed 004, Figure 3, per round):
+
+  Build    insert into the stream's slice (visible from the build's round)
+  Probe    cross-purge: tuples older than this node's bound move on to the
+           next node (the tail expires them instead); forward the probe;
+           probe the first stream of each arriving stream's join order
+  Partial  forward it unless it came back to its origin; probe the next stream
+  End      forward; at the head, count laps (M-1 close a round: Theorem 1)
+
+Everything a node sends in reaction goes into an `Outbox`, in order: sends to
+the next node keep FIFO order, which is what Property 1 rests on. The node
+itself never talks to Kafka, so the same code runs in the services and in the
+in-memory rings of the property tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.block import ARR, OFF, PART, TS, Block
+from engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
+from engine.psp.plan import RingPlan, count_column, prefixed
+from engine.psp.probe import T_COL, ProbeFailures, extend
+from engine.psp.slices import G, NodeSlices, ages
+from engine.result_ids import result_ids
+
+
+@dataclass
+class Outbox:
+    to_next: list[Message] = field(default_factory=list)
+    direct: list[tuple[str, Build]] = field(default_factory=list)  # handoffs to a node other than the next
+    results: list[Block] = field(default_factory=list)
+    failures: ProbeFailures = field(default_factory=ProbeFailures)
+    round_done: RoundInfo | None = None  # head only: this round has ended everywhere
+
+
+class RingNode:
+    def __init__(self, node_id: str, plan: RingPlan, templates: list[Block]) -> None:
+        self.id = node_id
+        self.plan = plan
+        self.slices = NodeSlices.empty(templates)
+        self.rounds: dict[int, RoundInfo] = {}  # rounds seen here and not yet ended
+
+    # ------------------------------------------------------------- messages
+    def handle(self, msg: Message, now_ms: int) -> Outbox:
+        out = Outbox()
+        if isinstance(msg, Build):
+            self.slices.streams[msg.stream].insert(msg.tuples, msg.round)
+        elif isinstance(msg, Probe):
+            self._on_probe(msg, out, now_ms)
+        elif isinstance(msg, Partial):
+            self._on_partial(msg, out, now_ms)
+        else:
+            self._on_end(msg, out)
+        return out
+
+    def release(self, probe: Probe, now_ms: int) -> Outbox:
+        """Head only: a new round's tuples enter the ring here."""
+        for j, block in enumerate(probe.tuples):
+            self.slices.streams[j].insert(block, probe.info.round)
+        out = Outbox()
+        self._on_probe(probe, out, now_ms)
+        out.to_next.append(End(probe.info, lap=1))
+        return out
+
+    def _on_probe(self, msg: Probe, out: Outbox, now_ms: int) -> None:
+        info = msg.info
+        self.rounds[info.round] = info
+        self.slices.collect(info.done_below)
+        self._cross_purge(info, out)
+        if self.id != info.tail:
+            out.to_next.append(msg)
+        for t, block in enumerate(msg.tuples):
+            if len(block):
+                rows = _trigger_rows(self.plan, t, block)
+                self._probe(info, t, (t,), rows, out, now_ms)
+
+    def _on_partial(self, msg: Partial, out: Outbox, now_ms: int) -> None:
+        info = self.rounds[msg.round]
+        if msg.origin != self.id:
+            out.to_next.append(msg)
+        self._probe(info, msg.trigger, msg.members, msg.rows, out, now_ms)
+
+    def _on_end(self, msg: End, out: Outbox) -> None:
+        info = msg.info
+        final = msg.lap >= info.laps(self.plan.m)
+        if info.layout[0] != self.id:
+            out.to_next.append(msg)
+        elif not final:
+            out.to_next.append(End(info, msg.lap + 1))  # the head starts the next lap
+        else:
+            out.round_done = info
+        if final:  # nothing of this round reaches this node after its last END (Theorem 1)
+            self.rounds.pop(info.round, None)
+        self.slices.collect(info.done_below)
+
+    # ------------------------------------------------------- cross-purge
+    def _cross_purge(self, info: RoundInfo, out: Outbox) -> None:
+        r, tail = info.round, self.id == info.tail
+        target = info.handoff.get(self.id)
+        for j, s in enumerate(self.plan.streams):
+            sl = self.slices.streams[j]
+            visible = sl.visible(r)
+            if target is not None:
+                self._handoff(info, j, visible, target, out)
+                continue
+            if not visible.any():
+                continue
+            age = ages(sl.rows, s.rows_window, info.low_ts, info.count_before[j])
+            bound = s.size if tail else info.bounds[self.id][j]
+            leaving = visible & (age >= bound)
+            if not tail and info.cap is not None:
+                leaving |= _beyond_cap(visible & ~leaving, info.cap)
+            moved = sl.retire(leaving, r)
+            if not tail and len(moved):
+                out.to_next.append(Build(r, j, moved))
+
+    def _handoff(self, info: RoundInfo, j: int, visible: np.ndarray, target: str, out: Outbox) -> None:
+        """Aggressive relocation: the whole slice goes to a neighbour. Forward to the
+        successor travels ahead of the probe (visible from this round on); back to
+        the predecessor it arrives after this round's probe there, so it counts
+        from the next round and stays visible here for this one."""
+        sl, r = self.slices.streams[j], info.round
+        if target == info.next_of(self.id):
+            moved = sl.retire(visible, r)
+            if len(moved):
+                out.to_next.append(Build(r, j, moved))
+        else:
+            moved = sl.retire(visible, r + 1)
+            if len(moved):
+                out.direct.append((target, Build(r + 1, j, moved)))
+
+    # ------------------------------------------------------------ probing
+    def _probe(self, info: RoundInfo, trigger: int, members: tuple[int, ...], rows: Block, out: Outbox,
+               now_ms: int) -> None:
+        order = self.plan.orders[trigger]
+        j = order[len(members) - 1]
+        state = self.slices.streams[j].view(info.round)
+        grown = extend(self.plan, rows, frozenset(members), j, state, out.failures)
+        if not len(grown):
+            return
+        if len(members) + 1 == self.plan.m:
+            out.results.append(assemble(self.plan, grown, now_ms))
+        else:
+            out.to_next.append(Partial(info.round, self.id, trigger, members + (j,), grown))
+
+
+def _beyond_cap(candidates: np.ndarray, cap: int) -> np.ndarray:
+    """Workload smoothing: past `cap` tuples a non-tail slice sheds its oldest (lowest _g first)."""
+    idx = np.flatnonzero(candidates)
+    excess = len(idx) - cap
+    out = np.zeros(len(candidates), dtype=bool)
+    if excess > 0:
+        out[idx[:excess]] = True
+    return out
+
+
+def _trigger_rows(plan: RingPlan, t: int, block: Block) -> Block:
+    """A round's tuples of stream t as one-member rows, each its own trigger."""
+    cols = {G: block[G], T_COL: block[TS]}
+    cols |= {count_column(k): block[count_column(k)] for k in range(plan.m)}
+    cols |= {prefixed(t, c): block[c] for c in plan.member_columns(t, frozenset({t}))}
+    return Block(cols)
+
+
+def assemble(plan: RingPlan, rows: Block, now_ms: int) -> Block:
+    """Complete combinations -> the result block every mode writes (schemas/results.py)."""
+    n = len(rows)
+    head = {
+        "result_id": result_ids([s.topic for s in plan.streams], [rows[prefixed(i, PART)] for i in range(plan.m)],
+                                [rows[prefixed(i, OFF)] for i in range(plan.m)]),
+        "event_time": rows[T_COL],
+        "produced_ms": np.full(n, now_ms, dtype=np.int64),
+    }
+    cols: dict[str, np.ndarray] = {}
+    for i, s in enumerate(plan.streams):
+        cols[f"{s.name}.partition"] = rows[prefixed(i, PART)]
+        cols[f"{s.name}.offset"] = rows[prefixed(i, OFF)]
+        cols[f"{s.name}.ts"] = rows[prefixed(i, TS)]
+        for f in s.payload:
+            cols[f"{s.name}.{f}"] = rows[prefixed(i, f)]
+    cols["newest_arrival_ms"] = np.max([rows[prefixed(i, ARR)] for i in range(plan.m)], axis=0)
+    return Block(head | cols)
+

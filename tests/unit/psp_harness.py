@@ -1,0 +1,186 @@
+"""An in-memory PSP ring for property tests: the engine's nodes and head
+planner wired by FIFO links, scheduled in a random order that respects only
+what Kafka guarantees (per-producer order into a one-partition topic)."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.block import OFF, PART, TS, Block, system_block
+from engine.predicates import Term
+from engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
+from engine.psp.messages import Build, Message, Probe
+from engine.psp.node import Outbox, RingNode
+from engine.psp.plan import RingPlan, RingStream, count_column
+from engine.psp.slices import G, SSEQ
+from engine.reference import RefWindow, ThetaTuple, reference_theta_join
+
+FIELDS = ("x", "y")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    stream: int
+    ts: int
+    part: int
+    off: int
+    x: int
+    y: float
+
+
+def make_plan(windows: list[RefWindow], terms: tuple[Term, ...], orders: tuple[tuple[int, ...], ...]) -> RingPlan:
+    streams = tuple(RingStream(f"s{i}", f"t{i}", w.range_ms, w.rows, FIELDS) for i, w in enumerate(windows))
+    return RingPlan(streams, terms, orders)
+
+
+def block_of(arrivals: list[Arrival]) -> Block:
+    return system_block(np.zeros(len(arrivals)), [a.ts for a in arrivals], [a.part for a in arrivals],
+                        [a.off for a in arrivals], [a.ts for a in arrivals],
+                        {"x": np.array([a.x for a in arrivals], np.int64),
+                         "y": np.array([a.y for a in arrivals], np.float64)})
+
+
+def template(m: int) -> Block:
+    cols = dict(block_of([]).columns) | {G: np.empty(0, np.int64), SSEQ: np.empty(0, np.int64)}
+    return Block(cols | {count_column(k): np.empty(0, np.int64) for k in range(m)})
+
+
+@dataclass
+class Ring:
+    plan: RingPlan
+    planner: RoundPlanner
+    rng: random.Random
+    nodes: dict[str, RingNode] = field(default_factory=dict)
+    logs: dict[str, deque] = field(default_factory=dict)
+    links: dict[tuple[str, str], deque] = field(default_factory=dict)
+    results: list[tuple] = field(default_factory=list)
+    failed: set[tuple] = field(default_factory=set)
+    max_state: dict[str, int] = field(default_factory=dict)
+
+    def node(self, n: str) -> RingNode:
+        if n not in self.nodes:
+            self.nodes[n] = RingNode(n, self.plan, [template(self.plan.m)] * self.plan.m)
+            self.logs[n] = deque()
+        return self.nodes[n]
+
+    def deliver(self, sender: str, out: Outbox, next_of: str) -> None:
+        for msg in out.to_next:
+            self._send(sender, next_of, msg)
+        for target, build in out.direct:
+            self.node(target)
+            self.logs[target].append(build)  # flushed before the sender goes on
+        for res in out.results:
+            cols = [(res[f"{s.name}.partition"], res[f"{s.name}.offset"]) for s in self.plan.streams]
+            self.results += [tuple((f"t{i}", int(p[r]), int(o[r])) for i, (p, o) in enumerate(cols))
+                             for r in range(len(res))]
+        for rows, _ in zip(out.failures.rows, out.failures.details):
+            self.failed |= {int(g) for g in rows[G]}
+        if out.round_done is not None:
+            self.planner.on_done(out.round_done.round)
+
+    def _send(self, sender: str, receiver: str, msg: Message) -> None:
+        self.node(receiver)
+        if sender == receiver:
+            self.logs[receiver].append(msg)
+        else:
+            self.links.setdefault((sender, receiver), deque()).append(msg)
+
+    def step(self) -> bool:
+        """One random asynchronous event; False when nothing is left to do."""
+        moves = [k for k, q in self.links.items() if q]
+        works = [n for n, q in self.logs.items() if q]
+        if not moves and not works:
+            return False
+        if moves and (not works or self.rng.random() < 0.5):
+            s, r = self.rng.choice(moves)
+            self.logs[r].append(self.links[(s, r)].popleft())
+            return True
+        n = self.rng.choice(works)
+        msg = self.logs[n].popleft()
+        info_next = self._next_for(n, msg)
+        self.deliver(n, self.nodes[n].handle(msg, now_ms=0), info_next)
+        self.max_state[n] = max(self.max_state.get(n, 0), self.nodes[n].slices.tuples)
+        return True
+
+    def _next_for(self, n: str, msg: Message) -> str:
+        rnd = msg.round if isinstance(msg, Build) else msg.info.round if hasattr(msg, "info") else msg.round
+        info = self.nodes[n].rounds.get(rnd) or getattr(msg, "info", None)
+        return info.next_of(n) if info is not None else n
+
+    def release(self, tuples: list[Block], low_ts: int, counts: tuple[int, ...], wm: int,
+                handoff: dict[str, str] | None = None) -> None:
+        info = self.planner.next_info(low_ts, counts, wm, handoff)
+        head = self.node(info.layout[0])
+        for n in info.layout:
+            self.node(n)
+        self.deliver(head.id, head.release(Probe(info, tuple(tuples)), now_ms=0), info.next_of(head.id))
+
+    def drain(self) -> None:
+        while self.step():
+            pass
+
+
+def run_ring(plan: RingPlan, arrivals: list[Arrival], layout: tuple[str, ...], lateness: int, cuts: int,
+             seed: int, max_in_flight: int = 1, cap: int | None = None, relocation: str = "passive",
+             resizes: list[tuple[str, ...]] = ()) -> tuple[list[tuple], set[tuple], Ring]:
+    """Feed `arrivals` in order, `cuts` batches; returns (emitted refs, late refs, ring)."""
+    rng = random.Random(seed)
+    planner = RoundPlanner(plan, layout, max_in_flight, cap, relocation, passive_rounds=3)
+    ring = Ring(plan, planner, rng)
+    seq = Sequencer(plan.m)
+    empty = [block_of([]) for _ in range(plan.m)]
+    pending = list(empty)
+    max_ts = [None] * plan.m
+    wm = np.iinfo(np.int64).min // 4
+    late: set[tuple] = set()
+    bounds = sorted({0, len(arrivals), *rng.sample(range(1, max(2, len(arrivals))), min(cuts, max(0, len(arrivals) - 1)))})
+    resize_at = {rng.randrange(len(bounds)): r for r in resizes}
+    batches = [arrivals[a:b] for a, b in zip(bounds, bounds[1:])] + [[]]
+    for bi, batch in enumerate(batches):
+        final = bi == len(batches) - 1
+        if bi in resize_at:
+            planner.resize(resize_at[bi])
+        for i in range(plan.m):
+            mine = [a for a in batch if a.stream == i]
+            on_time = [a for a in mine if a.ts >= wm]
+            late |= {(f"t{i}", a.part, a.off) for a in mine if a.ts < wm}
+            pending = concat_pending(pending, [block_of(on_time) if k == i else empty[k] for k in range(plan.m)])
+            if on_time:
+                max_ts[i] = max([a.ts for a in on_time] + ([max_ts[i]] if max_ts[i] is not None else []))
+        seen = [t for t in max_ts if t is not None]
+        new_wm = (max(seen) + 1 if final and seen else
+                  min(max_ts) - lateness if all(t is not None for t in max_ts) else wm)
+        new_wm = max(wm, new_wm)
+        _run_until_release_allowed(ring)
+        released, pending = release_before(pending, new_wm)
+        counts = tuple(seq.counts)
+        ring.release(seq.sequence(released), wm, counts, new_wm)
+        wm = new_wm
+        for _ in range(rng.randrange(0, 30)):
+            ring.step()
+    while planner.steps:
+        _run_until_release_allowed(ring)
+        if planner.steps and not planner.draining:  # passive bounds still moving: they move on rounds
+            ring.release([template(plan.m) for _ in plan.streams], wm, tuple(seq.counts), wm)
+    ring.drain()
+    return ring.results, late, ring
+
+
+def _run_until_release_allowed(ring: Ring) -> None:
+    """Advance the ring until the head may release; apply resize stages when drained."""
+    while True:
+        step = ring.planner.step_ready()
+        if step is not None:
+            ring.planner.apply(step)
+            if step.handoff:
+                ring.release([template(ring.plan.m) for _ in ring.plan.streams], np.iinfo(np.int64).min // 4,
+                             tuple(0 for _ in ring.plan.streams), np.iinfo(np.int64).min // 4, step.handoff)
+            continue
+        if ring.planner.can_release():
+            return
+        if not ring.step():
+            raise AssertionError(f"ring stuck: in flight {ring.planner.in_flight}, steps {len(ring.planner.steps)}")
