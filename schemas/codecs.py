@@ -61,7 +61,10 @@ def avro_schema(spec: StreamSpec) -> dict:
 
 
 def join_keys(spec: StreamSpec, table: pa.Table) -> np.ndarray:
-    """int64 join key: the value itself for a single int key, else a stable 64-bit hash."""
+    """int64 join key: the value itself for a single int key, else a stable 64-bit hash
+    (0 for streams without key fields: ring mode joins on predicates instead)."""
+    if not spec.key_fields:
+        return np.zeros(table.num_rows, dtype=np.int64)
     if len(spec.key_fields) == 1 and spec.fields[spec.key_fields[0]] == "int":
         return table.column(spec.key_fields[0]).to_numpy().astype(np.int64)
     frame = pd.DataFrame({k: table.column(k).to_pandas() for k in spec.key_fields})
@@ -204,9 +207,26 @@ def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.nda
 DECODERS = {"json": decode_json, "avro": decode_avro, "blocks": decode_blocks}
 
 
+def _binary_array(values: np.ndarray) -> pa.Array:
+    """A NumPy bytes column as Arrow binary, byte for byte. (`pa.array` stops each
+    value at its first NUL byte, which would cut images short.) NumPy's own
+    convention holds: a value ends at its last non-NUL byte."""
+    n, width = len(values), values.dtype.itemsize
+    raw = np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).reshape(n, width)
+    nonzero = raw != 0
+    lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    data = raw[np.arange(width) < lengths[:, None]]
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes())])
+
+
+def _arrow_column(values: np.ndarray) -> pa.Array:
+    return _binary_array(values) if values.dtype.kind == "S" else pa.array(values)
+
+
 def encode_block(block: Block) -> bytes:
     """Arrow IPC stream bytes of a block (internal hops, state, results)."""
-    table = pa.table({k: pa.array(v) for k, v in block.columns.items()})
+    table = pa.table({k: _arrow_column(v) for k, v in block.columns.items()})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)

@@ -19,6 +19,26 @@ class Heartbeat(BaseModel):
     state_bytes: int = 0
     state_tuples: int = 0
     metrics_url: str = ""
+    ring_layout: list[str] = Field(default_factory=list)  # ring head: the layout its rounds run on
+    ring_busy: bool = False  # ring head: released tuples are still travelling the ring
+    ring_round: int = 0
+
+
+class RingLayout(BaseModel):
+    """Coordinator -> ring head: run on this ring (head first) with these join orders."""
+
+    type: Literal["ring-layout"] = "ring-layout"
+    layout: list[str]
+    orders: list[list[int]]
+    epoch: int
+
+
+class RingChange(BaseModel):
+    """Operator -> coordinator: add a worker to the ring, or take one out."""
+
+    type: Literal["ring-change"] = "ring-change"
+    action: Literal["add", "remove"]
+    worker: str
 
 
 class Assignment(BaseModel):
@@ -36,7 +56,9 @@ class Placement(BaseModel):
     epoch: int
 
 
-ControlMessage = Heartbeat | Assignment
+ControlMessage = Heartbeat | Assignment | RingLayout | RingChange
+_KINDS: dict[str, type[BaseModel]] = {"heartbeat": Heartbeat, "assignment": Assignment, "ring-layout": RingLayout,
+                                      "ring-change": RingChange}
 
 
 def encode(msg: BaseModel) -> bytes:
@@ -49,8 +71,5 @@ def decode_control(value: bytes) -> ControlMessage | None:
     except ValueError:
         return None
     kind = data.get("type") if isinstance(data, dict) else None
-    if kind == "heartbeat":
-        return Heartbeat.model_validate(data)
-    if kind == "assignment":
-        return Assignment.model_validate(data)
-    return None
+    model = _KINDS.get(kind) if isinstance(kind, str) else None
+    return model.model_validate(data) if model is not None else None  # type: ignore[return-value]

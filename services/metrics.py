@@ -70,6 +70,13 @@ RECOVERED_BATCHES = Counter("streamjoin_recovered_batches", "Batches replayed at
                             registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
 GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
+RING_MESSAGES = Counter("streamjoin_ring_messages", "Ring messages handled by this node", ["kind"],
+                        registry=REGISTRY)
+RING_SLICE_TUPLES = Gauge("streamjoin_ring_slice_tuples", "Tuples in this ring node's slices (incl. marked)",
+                          ["stream"], registry=REGISTRY)
+RING_ROUNDS = Counter("streamjoin_ring_rounds", "Rounds the ring head closed", registry=REGISTRY)
+RING_HANDLE_SECONDS = Histogram("streamjoin_ring_handle_seconds", "Time to handle one ring message",
+                                buckets=(.0005, .001, .005, .01, .05, .1, .5, 1, 5), registry=REGISTRY)
 BROKER_ERRORS = Counter("streamjoin_broker_errors", "Kafka errors seen (retried)", ["kind"], registry=REGISTRY)
 
 

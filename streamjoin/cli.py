@@ -24,6 +24,8 @@ topics_app = typer.Typer(no_args_is_help=True, help="Create or check the job's t
 app.add_typer(topics_app, name="topics")
 plan_app = typer.Typer(no_args_is_help=True, help="Cost-model plans.")
 app.add_typer(plan_app, name="plan")
+ring_app = typer.Typer(no_args_is_help=True, help="Resize a PSP ring (ring mode jobs).")
+app.add_typer(ring_app, name="ring")
 console = Console(stderr=True, soft_wrap=True)
 
 JobOpt = Annotated[Optional[Path], typer.Option("--job", help="YAML job file (default: the seed-000 demo job)")]
@@ -41,6 +43,17 @@ def _settings(job: Path | None, **flags: object) -> JobSettings:
     try:
         return load(job or default_job_file(), **flags)
     except SettingsError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+
+
+def _check_ring_job(settings: JobSettings) -> None:
+    """UDFs are imported at start: an unknown or unimportable one fails fast with exit code 2."""
+    from engine.predicates import PredicateError, compile_terms
+
+    try:
+        compile_terms([st.name for st in settings.streams], settings.join.predicate, settings.join.udfs)
+    except PredicateError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
 
@@ -98,12 +111,18 @@ def worker(
     worker_id: Annotated[str, typer.Option("--worker-id", help="stable id; keeps its RocksDB state across restarts")],
     job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port: PortOpt = None,
 ) -> None:
-    """Run a join worker (hash-partitioned mode)."""
-    from services.worker.main import run_worker
-
+    """Run a join worker (hash-partitioned or PSP ring mode, as the job says)."""
     s = _settings(job, bootstrap=bootstrap)
     logs.configure("worker", worker=worker_id)
-    run_worker(s, _need_bootstrap(s), worker_id, metrics_port)
+    if s.join.mode == "ring":
+        from services.worker.ring import run_ring_worker
+
+        _check_ring_job(s)
+        run_ring_worker(s, _need_bootstrap(s), worker_id, metrics_port)
+    else:
+        from services.worker.main import run_worker
+
+        run_worker(s, _need_bootstrap(s), worker_id, metrics_port)
 
 
 @app.command()
@@ -198,6 +217,37 @@ def plan_ring(
         print(json.dumps(plan, indent=2))
     else:
         render_plan(plan, Console())
+
+
+def _ring_change(action: str, worker_id: str, job: Path | None, bootstrap: str | None) -> None:
+    from schemas import control
+    from services import kafka
+
+    s = _settings(job, bootstrap=bootstrap)
+    if s.join.mode != "ring":
+        console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; ring commands need join.mode: ring")
+        raise typer.Exit(2)
+    p = kafka.producer(_need_bootstrap(s))
+    change = control.RingChange(action=action, worker=worker_id)  # type: ignore[arg-type]
+    p.produce(s.control_topic, value=control.encode(change), key=b"ring-change", partition=0)
+    if p.flush(30):
+        console.print("[red]error:[/red] the broker did not take the request within 30 s")
+        raise typer.Exit(1)
+    console.print(f"asked the coordinator to {action} {worker_id}; `streamjoin status` shows the ring")
+
+
+@ring_app.command("add")
+def ring_add(worker_id: Annotated[str, typer.Argument(help="a running ring worker's id")],
+             job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
+    """Add a running worker to the ring (its slices fill by relocation)."""
+    _ring_change("add", worker_id, job, bootstrap)
+
+
+@ring_app.command("remove")
+def ring_remove(worker_id: Annotated[str, typer.Argument(help="a ring node other than the head")],
+                job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
+    """Take a node out of the ring (its slices move to a neighbour first); then it can be stopped."""
+    _ring_change("remove", worker_id, job, bootstrap)
 
 
 @app.command()

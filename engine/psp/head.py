@@ -131,7 +131,7 @@ class RoundPlanner:
         self.next_round += 1
         self.in_flight.add(r)
         return RoundInfo(r, self.layout, dict(self.bounds), low_ts, count_before, watermark, self.done_below,
-                         self.cap, dict(handoff or {}))
+                         self.plan.orders, self.cap, dict(handoff or {}))
 
     @property
     def done_below(self) -> int:

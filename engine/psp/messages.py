@@ -29,6 +29,7 @@ class RoundInfo:
     count_before: tuple[int, ...]  # per stream, tuples released before this round
     watermark: int  # after this round every tuple with ts < watermark has been released
     done_below: int  # every round below this one has ended (state kept for them can go)
+    orders: tuple[tuple[int, ...], ...]  # per trigger stream, the join order: one for the whole ring
     cap: int | None = None  # workload smoothing: slice size bound of non-tail nodes
     handoff: dict[str, str] = field(default_factory=dict)  # node -> neighbour that takes its whole slice
 

@@ -35,6 +35,7 @@ class RingPlan:
     streams: tuple[RingStream, ...]
     terms: tuple[Term, ...]
     orders: tuple[tuple[int, ...], ...]  # per trigger stream: the other streams in the order it probes them
+    # (the head's choice rides on every RoundInfo, so all nodes probe alike)
 
     @property
     def m(self) -> int:

@@ -27,18 +27,17 @@ MAX_PAIRS = 1 << 21
 
 @dataclass
 class ProbeFailures:
-    """Rows whose UDF evaluation failed: their pairs count as no match."""
+    """Rows whose UDF evaluation failed (their pairs count as no match), with
+    the stream of their trigger, whose records the dead-letter topic gets."""
 
-    rows: list[Block] = field(default_factory=list)
-    details: list[str] = field(default_factory=list)
+    entries: list[tuple[int, Block, str]] = field(default_factory=list)
 
-    def add(self, rows: Block, detail: str) -> None:
+    def add(self, trigger: int, rows: Block, detail: str) -> None:
         if len(rows):
-            self.rows.append(rows)
-            self.details.append(detail)
+            self.entries.append((trigger, rows, detail))
 
 
-def extend(plan: RingPlan, rows: Block, members: frozenset[int], j: int, state: Block,
+def extend(plan: RingPlan, rows: Block, trigger: int, members: frozenset[int], j: int, state: Block,
            failures: ProbeFailures) -> Block:
     """Every (row, s) with s in `state` (stream j) that satisfies window, order and the terms now decidable."""
     joined = members | {j}
@@ -55,7 +54,7 @@ def extend(plan: RingPlan, rows: Block, members: frozenset[int], j: int, state: 
             pos = order[pos]
         mask = _window_and_order(plan, rows, owner, j, state, pos)
         owner, pos = owner[mask], pos[mask]
-        owner, pos = _apply_terms(rows, owner, j, state, pos, terms, failures)
+        owner, pos = _apply_terms(rows, trigger, owner, j, state, pos, terms, failures)
         parts.append(_shape(plan, rows, state, pos, j, keep_cols, joined, owner))
     return concat(parts)
 
@@ -128,8 +127,8 @@ def _window_and_order(plan: RingPlan, rows: Block, owner: np.ndarray, j: int, st
     return ok
 
 
-def _apply_terms(rows: Block, owner: np.ndarray, j: int, state: Block, pos: np.ndarray, terms: list[Term],
-                 failures: ProbeFailures) -> tuple[np.ndarray, np.ndarray]:
+def _apply_terms(rows: Block, trigger: int, owner: np.ndarray, j: int, state: Block, pos: np.ndarray,
+                 terms: list[Term], failures: ProbeFailures) -> tuple[np.ndarray, np.ndarray]:
     for t in sorted(terms, key=lambda t: t.kind == "udf"):  # cheap terms first, UDFs on survivors
         if not len(owner):
             break
@@ -138,7 +137,7 @@ def _apply_terms(rows: Block, owner: np.ndarray, j: int, state: Block, pos: np.n
         if t.kind == "udf":
             mask, failed, detail = _udf_isolated(t, values)
             if failed.any():
-                failures.add(rows.take(np.unique(owner[failed])), detail)
+                failures.add(trigger, rows.take(np.unique(owner[failed])), detail)
         else:
             mask = t.evaluate(values)
         owner, pos = owner[mask], pos[mask]

@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_END, TopicPartition
 from schemas import control
 from services import kafka, metrics
 from services.coordinator import placement as placing
+from services.coordinator.ring import RingCoordination
 from streamjoin.settings import JobSettings
 from topology import topics
 
@@ -32,6 +33,7 @@ class Coordinator:
         self.last_seen: dict[str, float] = {}
         self.health = metrics.HealthState()
         self.stopping = False
+        self.ring = RingCoordination(job, bootstrap, self.out) if job.join.mode == "ring" else None
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
@@ -48,6 +50,8 @@ class Coordinator:
                     msg = control.decode_control(m.value())
                     if isinstance(msg, control.Heartbeat):
                         self.on_heartbeat(msg)
+                    elif isinstance(msg, control.RingChange) and self.ring is not None:
+                        self.ring.on_change(msg)
             self._update_metrics()
         self.control_in.close()
         self.out.flush(5)
@@ -61,6 +65,9 @@ class Coordinator:
 
     def on_heartbeat(self, beat: control.Heartbeat) -> None:
         self.last_seen[beat.worker] = time.monotonic()
+        if self.ring is not None:  # ring mode places no partition groups: the head reads them all
+            self.ring.on_heartbeat(beat, self.alive())
+            return
         if not self.placement and len(self.alive()) >= self.job.coordinator.expected_workers:
             self.epoch += 1
             self.placement = placing.round_robin(self.alive(), self.job.partitions)

@@ -33,7 +33,7 @@ from topology import topics
 log = structlog.get_logger("streamjoin.worker")
 
 
-def _stream_templates(job: JobSettings) -> list:
+def stream_templates(job: JobSettings) -> list:
     out = []
     for spec in job.streams:
         dtypes = {"_key": np.int64, "_ts": np.int64, "_part": np.int32, "_off": np.int64, "_arr": np.int64}
@@ -49,7 +49,7 @@ class Worker:
         self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
         self.plan = join_plan(job)
         self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
-                                   _stream_templates(job), job.worker.hot_bytes)
+                                   stream_templates(job), job.worker.hot_bytes)
         self.topic_stream = {job.topic_of(s): i for i, s in enumerate(job.streams)}
         self.consumer = kafka.consumer(bootstrap, job.consumer_group)
         self.emitter = Emitter(job, kafka.producer(bootstrap, f"{job.job}-{worker_id}"

@@ -75,3 +75,33 @@ def test_bad_environment_value_is_a_settings_error(monkeypatch) -> None:
     monkeypatch.setenv("STREAMJOIN_WORKER__BATCH_MS", "-5")
     with pytest.raises(SettingsError, match="worker.batch_ms"):
         load(default_job_file())
+
+
+def _ring_job(tmp_path: Path, **change: object) -> Path:
+    data = yaml.safe_load(Path("streamjoin/jobs/band3.yaml").read_text())
+    for section, value in change.items():
+        data[section] = data.get(section, {}) | value  # type: ignore[operator]
+    path = tmp_path / "ring.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"ring": {"nodes": 0}}, "ring.nodes=0 is impossible"),
+    ({"ring": {"nodes": 9, "max_nodes": 4}}, "ring.nodes=9 is impossible"),
+    ({"join": {"predicate": [{"left": "r.x", "right": "s.a", "udf": "nope"}]}}, "unknown UDF 'nope'"),
+    ({"join": {"predicate": [{"left": "r.x", "right": "s.zz", "within": 1}]}}, "s.zz names no field"),
+])
+def test_bad_ring_job_exits_2(tmp_path: Path, change: dict, words: str) -> None:
+    result = runner.invoke(app, ["worker", "--worker-id", "w0", "--job", str(_ring_job(tmp_path, **change)),
+                                 "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert words in result.output
+
+
+def test_unimportable_udf_exits_2_at_worker_start(tmp_path: Path) -> None:
+    path = _ring_job(tmp_path, join={"udfs": {"f": "no_such_module:f"},
+                                     "predicate": [{"left": "r.x", "right": "s.a", "udf": "f"}]})
+    result = runner.invoke(app, ["worker", "--worker-id", "w0", "--job", str(path), "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert "cannot import 'no_such_module:f'" in result.output

@@ -1,0 +1,348 @@
+"""The join worker, PSP ring mode (seed 004).
+
+Every ring worker reads its own hop topic `<job>.ring.<worker-id>` (one
+partition: FIFO from its predecessor, which Property 1 rests on) and reacts to
+each message with engine/psp/node.py; what it sends to the next node goes to
+that node's hop topic in order, results to the results topic. A message to
+itself (a ring of one, or a partial's lap around a one-node ring) stays in
+process.
+
+The worker the coordinator puts first in the ring is the head: it also reads
+every partition of the m source topics, merges them in event-time order by
+watermark (min over streams of the newest event time, minus the allowed
+lateness), sends records older than that to the dead-letter topic, and every
+`ring.round_ms` releases what the watermark lets go as one round.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import zlib
+from collections import deque
+
+import numpy as np
+import structlog
+from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from engine.block import OFF, PART, TS, Block
+from engine.predicates import compile_terms
+from engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
+from engine.psp.messages import Probe, RoundInfo
+from engine.psp.messages import Message as RingMessage
+from engine.psp.node import Outbox, RingNode, empty_results
+from engine.psp.plan import RingPlan, RingStream, count_column, prefixed
+from engine.psp.slices import G, SSEQ
+from engine.window_join import NO_TIME
+from schemas import control, ring as wire
+from schemas.codecs import encode_block
+from schemas.results import H_WM, dead_letter_headers
+from services import kafka, metrics
+from services.worker.intake import DeadRecord, RecordBuffer, decode_by_group
+from services.worker.main import stream_templates
+from streamjoin.settings import JobSettings
+
+log = structlog.get_logger("streamjoin.worker.ring")
+
+
+def ring_plan(job: JobSettings, orders: tuple[tuple[int, ...], ...] | None = None) -> RingPlan:
+    """The query as the ring engine sees it (orders: the head's, from the coordinator)."""
+    streams = tuple(RingStream(s.name, job.topic_of(s), s.window.range_ms, s.window.rows,
+                               tuple(f for f, t in s.fields.items() if t != "bytes")) for s in job.streams)
+    terms = compile_terms([s.name for s in job.streams], job.join.predicate, job.join.udfs)
+    m = len(streams)
+    return RingPlan(streams, terms, orders or tuple(tuple(j for j in range(m) if j != i) for i in range(m)))
+
+
+def ring_templates(job: JobSettings) -> list[Block]:
+    m = len(job.streams)
+    extra = {G: np.empty(0, np.int64), SSEQ: np.empty(0, np.int64)}
+    extra |= {count_column(k): np.empty(0, np.int64) for k in range(m)}
+    return [Block(dict(t.columns) | extra) for t in stream_templates(job)]
+
+
+class RingWorker:
+    def __init__(self, job: JobSettings, bootstrap: str, worker_id: str, metrics_port: int | None = None) -> None:
+        self.job, self.bootstrap, self.id = job, bootstrap, worker_id
+        self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
+        self.plan = ring_plan(job)
+        self.node = RingNode(worker_id, self.plan, ring_templates(job))
+        self.hop_in = kafka.consumer(bootstrap, f"{job.consumer_group}-ring-{worker_id}")
+        self.out = kafka.producer(bootstrap)
+        self.control_in = kafka.consumer(bootstrap, f"{job.consumer_group}-{worker_id}-control")
+        self.local: deque[RingMessage] = deque()
+        self.head: RingHead | None = None
+        self.result_partition = zlib.crc32(worker_id.encode()) % job.partitions
+        self.health = metrics.HealthState()
+        self.stopping = False
+        self.metrics_url = ""
+        self.dead_seen: set[tuple[int, int, int]] = set()
+        self.no_results = empty_results(self.plan, ring_templates(job))
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        server = metrics.serve(self.metrics_port, self.health)
+        self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
+        kafka.wait_for_broker(self.bootstrap, log)
+        ensure_hop_topic(self.job, self.bootstrap, self.id)
+        self.hop_in.assign([TopicPartition(self.job.hop_topic(self.id), 0, OFFSET_BEGINNING)])
+        self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_BEGINNING)])
+        self.health.ready, self.health.detail = True, "running"
+        log.info("ring worker started", worker=self.id, metrics=self.metrics_url)
+        last_beat = 0.0
+        while not self.stopping:
+            self._poll_control()
+            for m in self.hop_in.consume(500, 0.005 if self.head else 0.05):
+                if m.error() is None:
+                    self._handle(wire.decode(m.value(), m.headers()))
+            self._drain_local()
+            if self.head is not None:
+                self.head.tick()
+            if time.monotonic() - last_beat >= self.job.worker.heartbeat_ms / 1000:
+                self._heartbeat()
+                last_beat = time.monotonic()
+        self.hop_in.close()
+        self.control_in.close()
+        self.out.flush(10)
+        log.info("ring worker stopped", worker=self.id)
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def _poll_control(self) -> None:
+        for m in self.control_in.consume(100, 0):
+            msg = control.decode_control(m.value()) if m.error() is None else None
+            if isinstance(msg, control.RingLayout):
+                self._on_layout(msg)
+
+    def _on_layout(self, msg: control.RingLayout) -> None:
+        layout = tuple(msg.layout)
+        if not layout or layout[0] != self.id:
+            return
+        if self.head is None:
+            orders = tuple(tuple(o) for o in msg.orders)
+            self.head = RingHead(self, RoundPlanner(ring_plan(self.job, orders), layout, self.job.ring.max_rounds_in_flight,
+                                                    self.job.ring.slice_cap_tuples, self.job.ring.relocation,
+                                                    self.job.ring.passive_rounds))
+            log.info("ring head started", layout=list(layout))
+        elif layout != self.head.target:
+            self.head.resize(layout)
+
+    # -------------------------------------------------------------- messages
+    def _handle(self, msg: RingMessage) -> None:
+        started = time.perf_counter()
+        out = self.node.handle(msg, int(time.time() * 1000))
+        metrics.RING_HANDLE_SECONDS.observe(time.perf_counter() - started)
+        metrics.RING_MESSAGES.labels(type(msg).__name__.lower()).inc()
+        self.send(out, msg)
+
+    def send(self, out: Outbox, cause: RingMessage) -> None:
+        info = cause.info if hasattr(cause, "info") else self.node.rounds.get(getattr(cause, "round", -1))
+        for target, build in out.direct:  # handoffs must land before the next round: flush now
+            self._produce(target, build)
+            self.out.flush(30)
+        if out.to_next:
+            nxt = info.next_of(self.id) if info is not None else self.id
+            for msg in out.to_next:
+                if nxt == self.id:
+                    self.local.append(msg)
+                else:
+                    self._produce(nxt, msg)
+        for block in out.results:
+            self._results(block, info)
+        for trigger, rows, detail in out.failures.entries:
+            self._udf_dead_letters(trigger, rows, detail)
+        if out.round_done is not None and self.head is not None:
+            self.head.on_done(out.round_done)
+        self.out.poll(0)
+
+    def _drain_local(self) -> None:
+        while self.local:
+            self._handle(self.local.popleft())
+
+    def _produce(self, node: str, msg: RingMessage) -> None:
+        value, headers = wire.encode(msg)
+        self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0)
+
+    def _results(self, block: Block, info: RoundInfo | None, force: bool = False) -> None:
+        if not len(block) and not force:
+            return
+        out = Block({k: v for k, v in block.columns.items() if k != "newest_arrival_ms"})
+        headers = [("sj-node", self.id.encode()), ("sj-round", str(info.round if info else -1).encode()),
+                   (H_WM, str(info.watermark if info else NO_TIME).encode())]
+        self.out.produce(self.job.results_topic, value=encode_block(out), partition=self.result_partition,
+                         headers=headers)
+        if len(block):
+            metrics.RESULTS_OUT.inc(len(block))
+            metrics.DELAY_SECONDS.observe_many((block["produced_ms"] - block["newest_arrival_ms"]) / 1000.0)
+
+    def _udf_dead_letters(self, trigger: int, rows: Block, detail: str) -> None:
+        """The trigger records whose probe the UDF failed on, once per record and node; the
+        value is the member tuples the UDF was given, as an Arrow block."""
+        topic = self.job.topic_of(self.job.streams[trigger])
+        parts, offs = rows[prefixed(trigger, PART)], rows[prefixed(trigger, OFF)]
+        for k, (part, off) in enumerate(zip(parts.tolist(), offs.tolist())):
+            if (trigger, part, off) in self.dead_seen:
+                continue
+            self.dead_seen.add((trigger, part, off))
+            value = encode_block(rows.take(np.array([k])))
+            self.out.produce(self.job.dead_letter_topic, value=value, partition=part % self.job.partitions,
+                             headers=dead_letter_headers("udf-error", detail, topic, part, off, -1, -1))
+            metrics.DEAD_LETTER.labels("udf-error").inc()
+
+    def _heartbeat(self) -> None:
+        for j, s in enumerate(self.node.slices.streams):
+            metrics.RING_SLICE_TUPLES.labels(self.job.streams[j].name).set(len(s.rows))
+        beat = control.Heartbeat(
+            worker=self.id, wall_ms=int(time.time() * 1000), state_bytes=self.node.slices.nbytes,
+            state_tuples=self.node.slices.tuples, metrics_url=self.metrics_url,
+            lag=self.head.lag() if self.head else 0,
+            ring_layout=list(self.head.planner.layout) if self.head else [],
+            ring_busy=self.head.busy if self.head else False,
+            ring_round=self.head.planner.next_round if self.head else 0)
+        self.out.produce(self.job.control_topic, value=control.encode(beat), key=self.id.encode(), partition=0)
+        self.out.poll(0)
+
+
+class RingHead:
+    """The head's duties: merge the sources by watermark, release rounds, run resizes."""
+
+    def __init__(self, worker: RingWorker, planner: RoundPlanner) -> None:
+        self.w, self.job, self.planner = worker, worker.job, planner
+        self.target = planner.layout
+        m = len(self.job.streams)
+        self.sources = kafka.consumer(worker.bootstrap, self.job.consumer_group)
+        self.sources.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in self.job.input_topics
+                             for p in range(self.job.partitions)])
+        self.topic_stream = {t: i for i, t in enumerate(self.job.input_topics)}
+        self.buffers: dict[int, RecordBuffer] = {}
+        self.sequencer = Sequencer(m)
+        self.pending = [_empty(b) for b in stream_templates(self.job)]
+        self.max_ts: list[int | None] = [None] * m
+        self.watermark = NO_TIME
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.loaded: set[int] = set()  # rounds in flight that carry tuples
+        self.last_release = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.loaded) or bool(self.planner.steps)
+
+    def lag(self) -> int:
+        return sum(len(b) for b in self.pending) + sum(len(b) for b in self.buffers.values())
+
+    def resize(self, layout: tuple[str, ...]) -> None:
+        for node in layout:
+            ensure_hop_topic(self.job, self.w.bootstrap, node)
+        self.planner.resize(layout)
+        self.target = layout
+        log.info("ring resize planned", layout=list(layout), relocation=self.job.ring.relocation)
+
+    def on_done(self, info: RoundInfo) -> None:
+        self.planner.on_done(info.round)
+        self.loaded.discard(info.round)
+        metrics.RING_ROUNDS.inc()
+
+    def tick(self) -> None:
+        for m in self.sources.consume(self.job.worker.max_batch_records, 0):
+            self._take(m)
+        step = self.planner.step_ready()
+        if step is not None:
+            self.planner.apply(step)
+            log.info("ring stage applied", layout=list(step.layout), handoff=step.handoff, rounds=step.rounds)
+            if step.handoff:
+                self._release(step.handoff)
+            return
+        due = time.monotonic() - self.last_release >= self.job.ring.round_ms / 1000
+        if due and self.planner.can_release():
+            self._release()
+
+    def _take(self, m: Message) -> None:
+        if m.error() is not None:
+            metrics.BROKER_ERRORS.labels(m.error().name()).inc()
+            return
+        self.buffers.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m)
+        self.offsets[(m.topic(), m.partition())] = m.offset() + 1
+
+    def _decode(self) -> None:
+        """Buffered records -> pending tuples; malformed and late ones to the dead-letter topic."""
+        for i, buf in self.buffers.items():
+            if not len(buf):
+                continue
+            slices = decode_by_group(self.job, i, buf)
+            dead: list[DeadRecord] = [d for sl in slices.values() for d in sl.dead]
+            blocks = [sl.block for sl in slices.values()]
+            block = Block({k: np.concatenate([b[k] for b in blocks]) for k in blocks[0].names})
+            late = block[TS] < self.watermark
+            if late.any():
+                at = buf.record_index(block["_part"][late], block["_off"][late])
+                detail = f"event time older than the ring watermark {self.watermark}"
+                dead += [DeadRecord(i, buf.partitions[k], buf.offsets[k], buf.keys[k], buf.values[k], "late", detail)
+                         for k in at]
+            self._dead_letters(dead)
+            fresh = block.filter(~late)
+            if len(fresh):
+                ts_max = int(fresh[TS].max())
+                self.max_ts[i] = ts_max if self.max_ts[i] is None else max(self.max_ts[i], ts_max)
+                self.pending = concat_pending(self.pending, [fresh if k == i else _empty(p)
+                                                             for k, p in enumerate(self.pending)])
+        self.buffers = {}
+
+    def _dead_letters(self, dead: list[DeadRecord]) -> None:
+        for d in dead:
+            topic = self.job.topic_of(self.job.streams[d.stream])
+            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key, partition=d.partition,
+                               headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
+            metrics.DEAD_LETTER.labels(d.reason).inc()
+
+    def _release(self, handoff: dict[str, str] | None = None) -> None:
+        self._decode()
+        if all(t is not None for t in self.max_ts):
+            wm = min(self.max_ts) - self.job.join.allowed_lateness_ms  # type: ignore[type-var]
+        else:
+            wm = self.watermark
+        wm = max(wm, self.watermark)
+        released, self.pending = release_before(self.pending, wm)
+        counts = tuple(self.sequencer.counts)
+        tuples = self.sequencer.sequence(released)
+        info = self.planner.next_info(self.watermark, counts, wm, handoff)
+        self.watermark = wm
+        self.last_release = time.monotonic()
+        if sum(len(b) for b in tuples):
+            self.loaded.add(info.round)
+            for i, b in enumerate(tuples):
+                metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(b))
+        probe = Probe(info, tuple(tuples))
+        out = self.w.node.release(probe, int(time.time() * 1000))
+        self.w._results(self.w.no_results, info, force=True)  # the round's marker: its release watermark, for the verifier
+        self.w.send(out, probe)
+        self._commit()
+
+    def _commit(self) -> None:
+        if self.offsets:
+            self.sources.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in self.offsets.items()],
+                                asynchronous=True)
+
+
+def _empty(block: Block) -> Block:
+    return block.take(np.empty(0, np.int64))
+
+
+def ensure_hop_topic(job: JobSettings, bootstrap: str, node: str) -> None:
+    """A ring node's inbox: one partition, so its predecessor's messages stay in order."""
+    admin = kafka.admin(bootstrap)
+    name = job.hop_topic(node)
+    if name in admin.list_topics(timeout=30).topics:
+        return
+    for fut in admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=30).values():
+        try:
+            fut.result()
+        except Exception as e:  # created concurrently by the head or the coordinator
+            if "already exists" not in str(e).lower():
+                raise
+
+
+def run_ring_worker(job: JobSettings, bootstrap: str, worker_id: str, metrics_port: int | None = None) -> None:
+    RingWorker(job, bootstrap, worker_id, metrics_port).run()
