@@ -114,19 +114,29 @@ def reference_theta_join(
     m = len(streams)
     ordered = [sorted(s, key=lambda t, i=i: theta_order(i, t)) for i, s in enumerate(streams)]
     out: set[tuple[TupleRef, ...]] = set()
-    for combo in itertools.product(*ordered):
-        keys = [theta_order(i, t) for i, t in enumerate(combo)]
-        trigger = max(keys)
-        big_t = trigger[0]
-        inside = True
-        for i, (w, t) in enumerate(zip(windows, combo)):
-            if w.range_ms is not None:
-                inside = big_t - t.ts < w.range_ms
-            else:
-                newer = sum(1 for u in ordered[i] if keys[i] < theta_order(i, u) <= trigger)
-                inside = newer < (w.rows or 0)
-            if not inside:
-                break
-        if inside and all(pair_predicate(i, combo[i], j, combo[j]) for i in range(m) for j in range(i + 1, m)):
-            out.add(tuple(t.ref for t in combo))
+
+    def inside(i: int, t: ThetaTuple, trigger: tuple[int, int, int, int]) -> bool:
+        w = windows[i]
+        if w.range_ms is not None:
+            return trigger[0] - t.ts < w.range_ms
+        newer = sum(1 for u in ordered[i] if theta_order(i, t) < theta_order(i, u) <= trigger)
+        return newer < (w.rows or 0)
+
+    def grow(combo: list[ThetaTuple]) -> None:
+        i = len(combo)
+        if i == m:
+            trigger = max(theta_order(k, t) for k, t in enumerate(combo))
+            if all(inside(k, t, trigger) for k, t in enumerate(combo)):
+                out.add(tuple(t.ref for t in combo))
+            return
+        for t in ordered[i]:
+            big_t = max([t.ts] + [c.ts for c in combo])
+            # T only grows as members are added: a member already outside its time window stays outside.
+            if any(windows[k].range_ms is not None and big_t - c.ts >= windows[k].range_ms  # type: ignore[operator]
+                   for k, c in enumerate(combo + [t])):
+                continue
+            if all(pair_predicate(k, combo[k], i, t) for k in range(i)):
+                grow(combo + [t])
+
+    grow([])
     return out

@@ -137,8 +137,9 @@ class RingNode:
                now_ms: int) -> None:
         order = info.orders[trigger]
         j = order[len(members) - 1]
-        state = self.slices.streams[j].view(info.round)
-        grown = extend(self.plan, rows, trigger, frozenset(members), j, state, out.failures)
+        sl = self.slices.streams[j]
+        grown = extend(self.plan, rows, trigger, frozenset(members), j, sl.view(info.round), out.failures,
+                       lambda f: sl.sorted_by(info.round, f))
         if not len(grown):
             return
         if len(members) + 1 == self.plan.m:

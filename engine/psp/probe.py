@@ -12,6 +12,7 @@ materialises more than `MAX_PAIRS` candidate pairs at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -37,15 +38,20 @@ class ProbeFailures:
             self.entries.append((trigger, rows, detail))
 
 
+OrderOf = Callable[[str], np.ndarray]
+
+
 def extend(plan: RingPlan, rows: Block, trigger: int, members: frozenset[int], j: int, state: Block,
-           failures: ProbeFailures) -> Block:
-    """Every (row, s) with s in `state` (stream j) that satisfies window, order and the terms now decidable."""
+           failures: ProbeFailures, order_of: OrderOf | None = None) -> Block:
+    """Every (row, s) with s in `state` (stream j) that satisfies window, order and the terms now decidable.
+    `order_of(field)` gives `state`'s positions sorted by a field (cached by the caller when it can)."""
     joined = members | {j}
     keep_cols = _columns_after(plan, rows, members, joined)
     if not len(rows) or not len(state):
         return _shape(plan, rows.take(np.empty(0, np.int64)), state, np.empty(0, np.int64), j, keep_cols, joined)
     terms = terms_between(plan.terms, j, members)
-    lo, hi, order = _candidate_ranges(plan, rows, members, j, state, terms)
+    sort = order_of or (lambda f: np.argsort(state[f], kind="stable"))
+    lo, hi, order = _candidate_ranges(plan, rows, j, state, terms, sort)
     parts = []
     for a, b in _chunks(hi - lo):
         owner, pos = expand_ranges(lo[a:b], hi[a:b])
@@ -74,8 +80,8 @@ def _shape(plan: RingPlan, rows: Block, state: Block, pos: np.ndarray, j: int, k
     return Block(cols)
 
 
-def _candidate_ranges(plan: RingPlan, rows: Block, members: frozenset[int], j: int, state: Block,
-                      terms: list[Term]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _candidate_ranges(plan: RingPlan, rows: Block, j: int, state: Block, terms: list[Term],
+                      sort: OrderOf) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     s = plan.streams[j]
     hi = np.searchsorted(state[G], rows[G], side="left")  # partners come before the trigger
     if s.rows_window:
@@ -88,7 +94,7 @@ def _candidate_ranges(plan: RingPlan, rows: Block, members: frozenset[int], j: i
         if t.kind == "udf":
             continue
         other, other_field = t.other(j)
-        order = np.argsort(state[t.side(j)], kind="stable")
+        order = sort(t.side(j))
         values = state[t.side(j)][order]
         probe = rows[prefixed(other, other_field)]
         if t.kind == "eq":

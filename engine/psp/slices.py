@@ -11,7 +11,7 @@ disjoint slice). Each stream's slice is kept sorted by the global sequence
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,14 @@ def strip_marks(block: Block) -> Block:
 @dataclass
 class StreamSlice:
     rows: Block  # sorted by _g; holds FROM/UNTIL marks
+    # A round's view and its sorted orders are asked for by every message of the
+    # round; they change only when the slice does, so they are kept until then.
+    _views: dict[int, Block] = field(default_factory=dict, repr=False)
+    _orders: dict[tuple[int, str], np.ndarray] = field(default_factory=dict, repr=False)
+
+    def _changed(self) -> None:
+        self._views.clear()
+        self._orders.clear()
 
     def visible(self, rnd: int) -> np.ndarray:
         if not len(self.rows):
@@ -36,11 +44,21 @@ class StreamSlice:
         return (self.rows[FROM] <= rnd) & (rnd < self.rows[UNTIL])
 
     def view(self, rnd: int) -> Block:
-        return self.rows.filter(self.visible(rnd))
+        if rnd not in self._views:
+            self._views[rnd] = self.rows.filter(self.visible(rnd))
+        return self._views[rnd]
+
+    def sorted_by(self, rnd: int, column: str) -> np.ndarray:
+        """Positions of round `rnd`'s view in ascending order of `column` (a band or equality index)."""
+        key = (rnd, column)
+        if key not in self._orders:
+            self._orders[key] = np.argsort(self.view(rnd)[column], kind="stable")
+        return self._orders[key]
 
     def insert(self, tuples: Block, from_round: int) -> None:
         if not len(tuples):
             return
+        self._changed()
         marked = Block(dict(tuples.columns) | {FROM: np.full(len(tuples), from_round, np.int64),
                                               UNTIL: np.full(len(tuples), NEVER, np.int64)})
         merged = concat([self.rows, marked]) if len(self.rows) else marked
@@ -52,6 +70,7 @@ class StreamSlice:
         """Make the masked tuples invisible from `until_round` on; returns them, unmarked."""
         if not mask.any():
             return strip_marks(self.rows.take(np.empty(0, np.int64)))
+        self._changed()
         until = self.rows[UNTIL].copy()
         until[mask] = np.minimum(until[mask], until_round)
         out = strip_marks(self.rows.filter(mask))
@@ -63,6 +82,7 @@ class StreamSlice:
         if len(self.rows):
             keep = self.rows[UNTIL] > done_below
             if not keep.all():
+                self._changed()
                 self.rows = self.rows.filter(keep)
 
 

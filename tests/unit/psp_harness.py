@@ -77,7 +77,7 @@ class Ring:
             cols = [(res[f"{s.name}.partition"], res[f"{s.name}.offset"]) for s in self.plan.streams]
             self.results += [tuple((f"t{i}", int(p[r]), int(o[r])) for i, (p, o) in enumerate(cols))
                              for r in range(len(res))]
-        for rows, _ in zip(out.failures.rows, out.failures.details):
+        for _, rows, _ in out.failures.entries:
             self.failed |= {int(g) for g in rows[G]}
         if out.round_done is not None:
             self.planner.on_done(out.round_done.round)
