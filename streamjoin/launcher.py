@@ -144,3 +144,33 @@ def wait_drained(job: JobSettings, bootstrap: str, fleet: Fleet | None = None, t
             return
         time.sleep(0.5)
     raise TimeoutError(f"workers did not drain the input within {timeout}s")
+
+
+def wait_layout(job: JobSettings, bootstrap: str, fleet: Fleet, layout: list[str], timeout: float = 120.0) -> None:
+    """Until the head's rounds run on `layout` (a resize has finished all its stages)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fleet.assert_running()
+        beats = latest_heartbeats(job, bootstrap, window_s=3)
+        if any(b.ring_layout == layout for b in beats.values()):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"ring did not reach layout {layout} within {timeout}s")
+
+
+def wait_ring_quiet(job: JobSettings, bootstrap: str, fleet: Fleet, timeout: float = 180.0) -> None:
+    """Until the head has taken every input record and no released round is still travelling."""
+    deadline = time.monotonic() + timeout
+    ends = input_end_offsets(job, bootstrap)
+    quiet = 0
+    while time.monotonic() < deadline:
+        fleet.assert_running()
+        done = committed_offsets(job, bootstrap)
+        behind = sum(max(0, e - max(done.get(k, 0), 0)) for k, e in ends.items())
+        beats = latest_heartbeats(job, bootstrap, window_s=3)
+        head = [b for b in beats.values() if b.ring_layout]
+        quiet = quiet + 1 if behind == 0 and head and not any(b.ring_busy for b in head) else 0
+        if quiet >= 3:
+            return
+        time.sleep(1.0)
+    raise TimeoutError(f"ring did not go quiet within {timeout}s")

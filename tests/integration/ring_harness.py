@@ -5,7 +5,6 @@ plain-Python theta reference join."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -16,8 +15,6 @@ from engine.reference import RefWindow, ThetaTuple, reference_theta_join
 from schemas.codecs import decode_block
 from schemas.results import H_OFFSET, H_REASON, H_TOPIC, H_WM, decode_headers
 from services import kafka
-from services.coordinator.status import latest_heartbeats
-from streamjoin.launcher import Fleet, committed_offsets, input_end_offsets
 from streamjoin.settings import JobSettings
 from tests.integration.kafka_harness import read_all
 
@@ -46,36 +43,6 @@ def produce_rows(job: JobSettings, bootstrap: str, rows: list[tuple[int, dict]],
     for topic, value in raw:
         p.produce(topic, value=value)
     assert p.flush(30) == 0
-
-
-def wait_layout(job: JobSettings, bootstrap: str, fleet: Fleet, layout: list[str], timeout: float = 120.0) -> None:
-    """Until the head's rounds run on `layout` (a resize has finished all its stages)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        fleet.assert_running()
-        beats = latest_heartbeats(job, bootstrap, window_s=3)
-        if any(b.ring_layout == layout for b in beats.values()):
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"ring did not reach layout {layout} within {timeout}s")
-
-
-def wait_ring_quiet(job: JobSettings, bootstrap: str, fleet: Fleet, timeout: float = 180.0) -> None:
-    """Until the head has taken every input record and no released round is still travelling."""
-    deadline = time.monotonic() + timeout
-    ends = input_end_offsets(job, bootstrap)
-    quiet = 0
-    while time.monotonic() < deadline:
-        fleet.assert_running()
-        done = committed_offsets(job, bootstrap)
-        behind = sum(max(0, e - max(done.get(k, 0), 0)) for k, e in ends.items())
-        beats = latest_heartbeats(job, bootstrap, window_s=3)
-        head = [b for b in beats.values() if b.ring_layout]
-        quiet = quiet + 1 if behind == 0 and head and not any(b.ring_busy for b in head) else 0
-        if quiet >= 3:
-            return
-        time.sleep(1.0)
-    raise TimeoutError(f"ring did not go quiet within {timeout}s")
 
 
 @dataclass

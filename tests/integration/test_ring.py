@@ -12,9 +12,9 @@ import pytest
 
 from services import broker as embedded
 from services import kafka
-from streamjoin.launcher import Fleet, write_job
+from streamjoin.launcher import Fleet, wait_layout, wait_ring_quiet, write_job
 from streamjoin.settings import JobSettings, load
-from tests.integration.ring_harness import band_rows, check_ring, produce_rows, wait_layout, wait_ring_quiet
+from tests.integration.ring_harness import band_rows, check_ring, produce_rows
 from topology import topics
 
 pytestmark = pytest.mark.integration
