@@ -864,3 +864,21 @@ def test_dashboard_queries_parse(tmp_path):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --------------------------------------------------------------- ring mode
+
+
+def test_ring_mode_job_renders_and_loads(tmp_path, monkeypatch):
+    """A PSP ring job (seed 004's band join) goes through the chart unchanged: the
+    workers run ring mode from the same StatefulSet, and the rendered job loads."""
+    ring_job = yaml.safe_load((REPO / "streamjoin" / "jobs" / "band3.yaml").read_text())
+    values = {"job": ring_job, "worker": {"replicas": 3}}
+    report = helm.lint(CHART, values, strict=True, kube_version=f"v{K8S_VERSION}")
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+    docs = render(values)
+    job = load_job(config_job_yaml(docs), tmp_path, monkeypatch)
+    assert job.join.mode == "ring"
+    assert [t.left for t in job.join.predicate] == ["r.x", "r.y", "s.a"]
+    assert job.coordinator.expected_workers == 3
+    assert one(docs, "StatefulSet")["spec"]["replicas"] == 3
