@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from services.worker.intake import RecordBuffer
-from services.worker.main import _stream_templates
+from services.worker.main import stream_templates
 from services.worker.processor import join_plan, run_cycle
 from state.partition import window_prefix
 from state.store import Store
@@ -74,7 +74,7 @@ def _snapshot(window) -> list[list[tuple]]:
 def test_restored_window_equals_memory_and_dead_blocks_are_deleted(tmp_path: Path) -> None:
     for rows in (False, True):
         job = _job(tmp_path / str(rows), rows)
-        store = WindowedStore(Store(tmp_path / str(rows) / "db"), join_plan(job), _stream_templates(job), 1 << 30)
+        store = WindowedStore(Store(tmp_path / str(rows) / "db"), join_plan(job), stream_templates(job), 1 << 30)
         _feed(job, store, group=3, batches=12)
         live = store.get(3)
         assert live.window.tuples > 0
@@ -83,7 +83,7 @@ def test_restored_window_equals_memory_and_dead_blocks_are_deleted(tmp_path: Pat
         expected, ckpt = _snapshot(live.window), live.checkpoint
         store.store.close()
 
-        reopened = WindowedStore(Store(tmp_path / str(rows) / "db"), join_plan(job), _stream_templates(job), 1 << 30)
+        reopened = WindowedStore(Store(tmp_path / str(rows) / "db"), join_plan(job), stream_templates(job), 1 << 30)
         restored = reopened.get(3)
         assert _snapshot(restored.window) == expected
         assert restored.checkpoint == ckpt and restored.checkpoint.seq == 12
@@ -93,7 +93,7 @@ def test_restored_window_equals_memory_and_dead_blocks_are_deleted(tmp_path: Pat
 
 def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
     job = _job(tmp_path)
-    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), _stream_templates(job), hot_bytes=1)
+    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), hot_bytes=1)
     _feed(job, store, group=3, batches=3)
     before = _snapshot(store.get(3).window)
     store.evict_cold(keep=set())
