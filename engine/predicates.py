@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, Mapping
 import numpy as np
 
 Udf = Callable[..., np.ndarray]
+UDF_ERROR = "udf-error"  # dead-letter reason of a record whose probe met a failing UDF
 
 
 class PredicateError(ValueError):
@@ -72,6 +73,36 @@ class Term:
             raise UdfFailure(f"UDF {self.udf_name!r} returned {mask.dtype}{list(mask.shape)}, "
                              f"expected one bool per pair: bool[{len(a)}]", systematic=True)
         return mask
+
+
+def evaluate_isolated(term: Term, values: Mapping[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
+    """(mask, failed, first error) of a term over aligned pairs, never raising.
+
+    Where a UDF raises, the call is bisected down to the pairs it raises on, so
+    a pair fails exactly when the UDF fails on it alone (this costs calls only on
+    the error path: a healthy UDF is one call). A wrong-shaped answer fails the
+    whole call. Failed pairs are no match; the engine and the verifier share
+    this rule, so both agree on what a failing UDF means."""
+    n = len(next(iter(values.values())))
+    mask, failed = np.zeros(n, bool), np.zeros(n, bool)
+    detail = [""]
+
+    def run(lo: int, hi: int) -> None:
+        try:
+            mask[lo:hi] = term.evaluate({k: v[lo:hi] for k, v in values.items()})
+            return
+        except UdfFailure as e:
+            detail[0] = detail[0] or str(e)
+            if hi - lo == 1 or e.systematic:
+                failed[lo:hi] = True
+                return
+        mid = (lo + hi) // 2
+        run(lo, mid)
+        run(mid, hi)
+
+    if n:
+        run(0, n)
+    return mask, failed, detail[0]
 
 
 def load_udf(name: str, target: str) -> Udf:

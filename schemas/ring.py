@@ -30,7 +30,7 @@ def _info(raw: str) -> RoundInfo:
     d = json.loads(raw)
     return RoundInfo(d["round"], tuple(d["layout"]), {k: tuple(v) for k, v in d["bounds"].items()}, d["low_ts"],
                      tuple(d["count_before"]), d["watermark"], d["done_below"],
-                     tuple(tuple(o) for o in d["orders"]), d["cap"], d["handoff"])
+                     tuple(tuple(o) for o in d["orders"]), d["released_ms"], d["cap"], d["handoff"])
 
 
 def _pack(blocks: list[bytes]) -> bytes:

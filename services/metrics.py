@@ -63,9 +63,9 @@ LAG = Gauge("streamjoin_consumer_lag", "Records in the worker's input partitions
 GROUPS = Gauge("streamjoin_assigned_groups", "Partition groups this worker owns", registry=REGISTRY)
 BATCH_SECONDS = Histogram("streamjoin_batch_seconds", "Time to join one batch (all groups of one poll)",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=REGISTRY)
+DELAY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 DELAY_SECONDS = BlockHistogram("streamjoin_production_delay_seconds",
-                               "Result wall time minus wall arrival of its newest input",
-                               (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), REGISTRY)
+                               "Result wall time minus wall arrival of its newest input", DELAY_BUCKETS, REGISTRY)
 RECOVERED_BATCHES = Counter("streamjoin_recovered_batches", "Batches replayed at start to catch state up",
                             registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
@@ -74,6 +74,10 @@ RING_MESSAGES = Counter("streamjoin_ring_messages", "Ring messages handled by th
                         registry=REGISTRY)
 RING_SLICE_TUPLES = Gauge("streamjoin_ring_slice_tuples", "Tuples in this ring node's slices (incl. marked)",
                           ["stream"], registry=REGISTRY)
+RING_RESPONSE_SECONDS = BlockHistogram(
+    "streamjoin_ring_response_seconds",
+    "Ring mode: result produced minus the release of its round by the head (seed 004's response latency)",
+    DELAY_BUCKETS, REGISTRY)
 RING_ROUNDS = Counter("streamjoin_ring_rounds", "Rounds the ring head closed", registry=REGISTRY)
 RING_HANDLE_SECONDS = Histogram("streamjoin_ring_handle_seconds", "Time to handle one ring message",
                                 buckets=(.0005, .001, .005, .01, .05, .1, .5, 1, 5), registry=REGISTRY)

@@ -123,7 +123,7 @@ class RoundPlanner:
         return not self.draining and len(self.in_flight) < self.max_in_flight
 
     def next_info(self, low_ts: int, count_before: tuple[int, ...], watermark: int,
-                  handoff: dict[str, str] | None = None) -> RoundInfo:
+                  handoff: dict[str, str] | None = None, now_ms: int = 0) -> RoundInfo:
         if self._span:
             self._moved = min(self._moved + 1, self._span)
             self.bounds = _blend(self._from, self._to, self._moved / self._span)
@@ -131,7 +131,7 @@ class RoundPlanner:
         self.next_round += 1
         self.in_flight.add(r)
         return RoundInfo(r, self.layout, dict(self.bounds), low_ts, count_before, watermark, self.done_below,
-                         self.plan.orders, self.cap, dict(handoff or {}))
+                         self.plan.orders, now_ms, self.cap, dict(handoff or {}))
 
     @property
     def done_below(self) -> int:

@@ -30,6 +30,7 @@ class RoundInfo:
     watermark: int  # after this round every tuple with ts < watermark has been released
     done_below: int  # every round below this one has ended (state kept for them can go)
     orders: tuple[tuple[int, ...], ...]  # per trigger stream, the join order: one for the whole ring
+    released_ms: int  # wall clock when the head released it: seed 004's response latency starts here
     cap: int | None = None  # workload smoothing: slice size bound of non-tail nodes
     handoff: dict[str, str] = field(default_factory=dict)  # node -> neighbour that takes its whole slice
 

@@ -138,8 +138,7 @@ class RingNode:
         order = info.orders[trigger]
         j = order[len(members) - 1]
         sl = self.slices.streams[j]
-        grown = extend(self.plan, rows, trigger, frozenset(members), j, sl.view(info.round), out.failures,
-                       lambda f: sl.sorted_by(info.round, f))
+        grown = extend(self.plan, rows, trigger, frozenset(members), j, sl.access(info.round), out.failures)
         if not len(grown):
             return
         if len(members) + 1 == self.plan.m:

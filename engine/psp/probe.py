@@ -12,12 +12,12 @@ materialises more than `MAX_PAIRS` candidate pairs at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Protocol
 
 import numpy as np
 
 from engine.block import TS, Block, concat
-from engine.predicates import Term, UdfFailure, terms_between
+from engine.predicates import Term, evaluate_isolated, terms_between
 from engine.probe import expand_ranges
 from engine.psp.plan import RingPlan, count_column, prefixed
 from engine.psp.slices import G, SSEQ
@@ -38,31 +38,103 @@ class ProbeFailures:
             self.entries.append((trigger, rows, detail))
 
 
-OrderOf = Callable[[str], np.ndarray]
+class Access(Protocol):
+    """A state block with sorted indexes on its fields (a slice keeps them across rounds)."""
+
+    @property
+    def block(self) -> Block: ...
+
+    def order(self, by: str) -> np.ndarray:
+        """Positions of `block` in ascending order of field `by` (stable)."""
+
+    def in_order(self, by: str, column: str) -> np.ndarray:
+        """block[column][order(by)]."""
 
 
-def extend(plan: RingPlan, rows: Block, trigger: int, members: frozenset[int], j: int, state: Block,
-           failures: ProbeFailures, order_of: OrderOf | None = None) -> Block:
-    """Every (row, s) with s in `state` (stream j) that satisfies window, order and the terms now decidable.
-    `order_of(field)` gives `state`'s positions sorted by a field (cached by the caller when it can)."""
+@dataclass
+class PlainAccess:
+    """Access to a bare block: sorts on demand."""
+
+    block: Block
+    _orders: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def order(self, by: str) -> np.ndarray:
+        if by not in self._orders:
+            self._orders[by] = np.argsort(self.block[by], kind="stable")
+        return self._orders[by]
+
+    def in_order(self, by: str, column: str) -> np.ndarray:
+        return self.block[column][self.order(by)]
+
+
+def extend(plan: RingPlan, rows: Block, trigger: int, members: frozenset[int], j: int, state: Block | Access,
+           failures: ProbeFailures) -> Block:
+    """Every (row, s) with s in `state` (stream j) that satisfies window, order and the terms now decidable."""
+    access = PlainAccess(state) if isinstance(state, Block) else state
+    block = access.block
     joined = members | {j}
     keep_cols = _columns_after(plan, rows, members, joined)
-    if not len(rows) or not len(state):
-        return _shape(plan, rows.take(np.empty(0, np.int64)), state, np.empty(0, np.int64), j, keep_cols, joined)
+    if not len(rows) or not len(block):
+        return _shape(plan, rows.take(np.empty(0, np.int64)), block, np.empty(0, np.int64), j, keep_cols, joined)
     terms = terms_between(plan.terms, j, members)
-    sort = order_of or (lambda f: np.argsort(state[f], kind="stable"))
-    lo, hi, order = _candidate_ranges(plan, rows, j, state, terms, sort)
+    lo, hi, index = _candidate_ranges(plan, rows, j, access, terms)
+    # With a term index, the other cheap terms are checked first on columns kept in the
+    # index's order: candidates are contiguous runs there, so those reads are sequential,
+    # and only their few survivors are looked up at random for the window and the rest.
+    early = [t for t in terms if t.kind != "udf" and t is not index] if index is not None else []
+    late = [t for t in terms if not any(t is e for e in early)]
     parts = []
     for a, b in _chunks(hi - lo):
-        owner, pos = expand_ranges(lo[a:b], hi[a:b])
-        owner += a
-        if order is not None:
-            pos = order[pos]
-        mask = _window_and_order(plan, rows, owner, j, state, pos)
+        if early and index is not None:
+            owner, pos = _early_candidates(rows, a, b, lo[a:b], hi[a:b], j, early, access, index.side(j))
+            pos = access.order(index.side(j))[pos]
+        else:
+            owner, pos = expand_ranges(lo[a:b], hi[a:b])
+            owner += a
+            if index is not None:
+                pos = access.order(index.side(j))[pos]
+        mask = _window_and_order(plan, rows, owner, j, block, pos)
         owner, pos = owner[mask], pos[mask]
-        owner, pos = _apply_terms(rows, trigger, owner, j, state, pos, terms, failures)
-        parts.append(_shape(plan, rows, state, pos, j, keep_cols, joined, owner))
+        owner, pos = _apply_terms(rows, trigger, owner, j, block, pos, late, failures)
+        parts.append(_shape(plan, rows, block, pos, j, keep_cols, joined, owner))
     return concat(parts)
+
+
+def _early_candidates(rows: Block, a: int, b: int, lo: np.ndarray, hi: np.ndarray, j: int, early: list[Term],
+                      access: Access, by: str) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position in `by`'s order) of rows a..b's candidate pairs that pass the `early` terms.
+
+    The first term is checked on every candidate without building the pairs first: the
+    candidates' positions are runs in `by`'s order (read sequentially from a column kept in
+    that order) and each row's value is repeated along its run; rows are found only for the
+    survivors, by where they fall in the runs."""
+    counts = np.maximum(hi - lo, 0)
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if len(ends) else 0
+    pos = np.repeat(lo - (ends - counts), counts) + np.arange(total, dtype=np.int64)
+    first = early[0]
+    other, other_field = first.other(j)
+    mask = _pair_mask(first, j, access.in_order(by, first.side(j))[pos],
+                      np.repeat(rows[prefixed(other, other_field)][a:b], counts))
+    hit = np.flatnonzero(mask)
+    owner = np.searchsorted(ends, hit, side="right") + a
+    pos = pos[hit]
+    for t in early[1:]:
+        other, other_field = t.other(j)
+        keep = _pair_mask(t, j, access.in_order(by, t.side(j))[pos], rows[prefixed(other, other_field)][owner])
+        owner, pos = owner[keep], pos[keep]
+    return owner, pos
+
+
+def _pair_mask(t: Term, j: int, state_values: np.ndarray, row_values: np.ndarray) -> np.ndarray:
+    """Term.evaluate for an equality or band term, minus its copies: a band is
+    |float64(left) - float64(right)| <= within, the very same arithmetic."""
+    left, right = (state_values, row_values) if t.left[0] == j else (row_values, state_values)
+    if t.kind == "eq":
+        return left == right
+    diff = np.subtract(left, right, dtype=np.float64)
+    np.abs(diff, out=diff)
+    return diff <= t.within
 
 
 def _columns_after(plan: RingPlan, rows: Block, members: frozenset[int], joined: frozenset[int]) -> list[str]:
@@ -80,22 +152,24 @@ def _shape(plan: RingPlan, rows: Block, state: Block, pos: np.ndarray, j: int, k
     return Block(cols)
 
 
-def _candidate_ranges(plan: RingPlan, rows: Block, j: int, state: Block, terms: list[Term],
-                      sort: OrderOf) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _candidate_ranges(plan: RingPlan, rows: Block, j: int, access: Access, terms: list[Term]
+                      ) -> tuple[np.ndarray, np.ndarray, Term | None]:
+    """Per row, [lo, hi) of its candidates in the tightest index: the window (positions in the
+    block, index None) or an equality/band term (positions in that term's sorted order)."""
     s = plan.streams[j]
+    state = access.block
     hi = np.searchsorted(state[G], rows[G], side="left")  # partners come before the trigger
     if s.rows_window:
         lo = np.searchsorted(state[SSEQ], rows[count_column(j)] - s.size, side="right")
     else:
         lo = np.searchsorted(state[TS], rows[T_COL] - s.size, side="right")
-    best = (lo, np.maximum(hi, lo), None)
+    best: tuple[np.ndarray, np.ndarray, Term | None] = (lo, np.maximum(hi, lo), None)
     best_n = int((best[1] - best[0]).sum())
     for t in terms:
         if t.kind == "udf":
             continue
         other, other_field = t.other(j)
-        order = sort(t.side(j))
-        values = state[t.side(j)][order]
+        values = access.in_order(t.side(j), t.side(j))
         probe = rows[prefixed(other, other_field)]
         if t.kind == "eq":
             lo2, hi2 = np.searchsorted(values, probe, "left"), np.searchsorted(values, probe, "right")
@@ -104,7 +178,7 @@ def _candidate_ranges(plan: RingPlan, rows: Block, j: int, state: Block, terms: 
             hi2 = np.searchsorted(values, probe + t.within, "right")
         n = int((hi2 - lo2).sum())
         if n < best_n:
-            best, best_n = (lo2, hi2, order), n
+            best, best_n = (lo2, hi2, t), n
     return best
 
 
@@ -141,35 +215,10 @@ def _apply_terms(rows: Block, trigger: int, owner: np.ndarray, j: int, state: Bl
         other, other_field = t.other(j)
         values = {j: state[t.side(j)][pos], other: rows[prefixed(other, other_field)][owner]}
         if t.kind == "udf":
-            mask, failed, detail = _udf_isolated(t, values)
+            mask, failed, detail = evaluate_isolated(t, values)
             if failed.any():
                 failures.add(trigger, rows.take(np.unique(owner[failed])), detail)
         else:
             mask = t.evaluate(values)
         owner, pos = owner[mask], pos[mask]
     return owner, pos
-
-
-def _udf_isolated(term: Term, values: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
-    """Evaluate a UDF; where it raises, bisect down to the pairs it raises on, so a
-    pair fails exactly when the UDF fails on it alone (the error path only: a
-    healthy UDF is one call). A wrong-shaped answer fails the whole call."""
-    n = len(next(iter(values.values())))
-    mask, failed = np.zeros(n, bool), np.zeros(n, bool)
-    detail = [""]
-
-    def run(lo: int, hi: int) -> None:
-        try:
-            mask[lo:hi] = term.evaluate({k: v[lo:hi] for k, v in values.items()})
-            return
-        except UdfFailure as e:
-            detail[0] = detail[0] or str(e)
-            if hi - lo == 1 or e.systematic:
-                failed[lo:hi] = True
-                return
-        mid = (lo + hi) // 2
-        run(lo, mid)
-        run(mid, hi)
-
-    run(0, n)
-    return mask, failed, detail[0]

@@ -1,45 +1,62 @@
-"""Spark `sources` job: a Structured Streaming query that writes seed 000's
-workload into every input topic of a job, roughly in real time.
+"""Spark `sources` job: a Structured Streaming query that writes a job's
+generated workload (services/workloads.py) into every input topic, roughly
+in real time.
 
 The generator is a streaming Python data source, `streamjoin-workload`. Its
 offset is a wall-clock instant: micro-batch n covers the event times
-[start.ms, end.ms) and draws, per stream, a Poisson process there
-(exponential inter-arrival gaps at `rate` per second; memorylessness makes
-the pieces one process) with b-model keys. A batch's tuples come from a
-generator seeded by (workload seed, stream, batch number), so a replayed
-batch (after a restart from the checkpoint) is the same batch. Spark SQL
-turns the tuples into keyed JSON records of the stream's schema, padded to
-`tuple_bytes`, and the `streamjoin-kafka` stream writer produces them with
-Kafka's default partitioner.
+[start.ms, end.ms) and draws, per stream, `workloads.generate` there (a
+Poisson process: memorylessness makes the pieces one process). A batch's
+tuples come from a generator seeded by (workload seed, stream, batch number),
+so a replayed batch (after a restart from the checkpoint) is the same batch.
+The reader yields the generated columns, one column per (stream, field) and
+nulls in the other streams' columns. Then, by the stream's `format`:
+
+  blocks       Arrow IPC streams of the stream's fields (schemas.codecs
+               arrow_schema), many tuples per record, record key null;
+  json (else)  Spark SQL's to_json, one record per tuple, record key = the
+               key fields' values ("a,b"), null for a stream without keys
+               (Kafka then spreads the records over the partitions).
+
+The `streamjoin-kafka` stream writer produces them with Kafka's default
+partitioner.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from functools import reduce
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, LongType, StringType, StructField,
+                               StructType)
 
+from schemas.codecs import arrow_schema
 from services.spark.kafka_source import NAME as KAFKA, jvm_kafka_available, local_session
+from services.workloads import Columns, generate
 from streamjoin.settings import JobSettings, StreamSpec
 
 WORKLOAD = "streamjoin-workload"
-GENERATED = StructType([StructField("topic", StringType()), StructField("k", LongType()),
-                        StructField("ts", LongType())])
 TRIGGER = "500 milliseconds"
-_METRICS = "records_per_topic"
+RECORDS = StructType([StructField("topic", StringType()), StructField("key", BinaryType()),
+                      StructField("value", BinaryType())])
+# Observed metrics (tuples per topic), one per record format present.
+_JSON_TUPLES, _BLOCK_TUPLES = "json_tuples", "block_tuples"
+# Kafka's default max.message.bytes: block records stay well below it and worker.max_record_bytes.
+_KAFKA_RECORD_BYTES = 1 << 20
+_SPARK_TYPES: dict[str, DataType] = {"int": LongType(), "float": DoubleType(), "str": StringType(),
+                                     "bool": BooleanType(), "bytes": BinaryType()}
 
 
 @dataclass(frozen=True)
@@ -47,7 +64,6 @@ class Arrivals(InputPartition):
     """One stream's arrivals in the event-time interval [t0, t1) of micro-batch `batch`."""
 
     stream: int
-    topic: str
     t0: int
     t1: int
     batch: int
@@ -57,32 +73,47 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def poisson_times(rng: np.random.Generator, rate: float, t0: int, t1: int) -> np.ndarray:
-    """Arrival instants (ms, float) of a rate-per-second Poisson process in [t0, t1)."""
-    mean_gap = 1000.0 / rate
-    expected = (t1 - t0) / mean_gap
-    gaps = rng.exponential(mean_gap, int(expected + 6 * math.sqrt(expected) + 16))
-    times = t0 + np.cumsum(gaps)
-    while times[-1] < t1:  # the tail beyond six sigmas: draw on until past the interval
-        times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(mean_gap, len(gaps)))])
-    return times[times < t1]
+# ---------------------------------------------------------------- generated columns
 
 
-def b_model_keys(rng: np.random.Generator, n: int, skew: float, domain: int) -> np.ndarray:
-    """b-model keys in [0, domain): at each of log2(domain) levels the heavy (lower) half wins with `skew`."""
-    levels = domain.bit_length() - 1
-    light = rng.random((n, levels)) >= skew
-    return light.astype(np.int64) @ (np.int64(1) << np.arange(levels, dtype=np.int64))
+def column(stream: int, field: str) -> str:
+    """Generated column of a stream's field. Field names never start with a digit, so no two clash."""
+    return f"s{stream}_{field}"
+
+
+def generated_schema(job: JobSettings) -> StructType:
+    """topic, then every stream's fields (Spark types; bytes as binary)."""
+    return StructType([StructField("topic", StringType())] + [
+        StructField(column(i, n), _SPARK_TYPES[t]) for i, s in enumerate(job.streams) for n, t in s.fields.items()])
+
+
+def arrow_bytes(values: np.ndarray) -> pa.Array:
+    """Fixed-width NumPy bytes ('S') as an Arrow binary array, every byte kept:
+    pa.array would strip trailing NUL bytes (an image's last pixels)."""
+    n, width = len(values), values.dtype.itemsize
+    offsets = np.arange(n + 1, dtype=np.int32) * width
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(np.ascontiguousarray(values).tobytes())])
+
+
+def generated_batch(job: JobSettings, stream: int, cols: Columns, schema: pa.Schema) -> pa.RecordBatch:
+    """One stream's generated tuples as a row batch of `schema` (generated_schema in Arrow)."""
+    n = len(cols[job.streams[stream].time_field])
+    mine = {column(stream, f): v for f, v in cols.items()}
+    arrays = [pa.repeat(pa.scalar(job.topic_of(job.streams[stream]), pa.string()), n)]
+    for f in list(schema)[1:]:
+        v = mine.get(f.name)
+        arrays.append(pa.nulls(n, f.type) if v is None else arrow_bytes(v) if v.dtype.kind == "S"
+                      else pa.array(v, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 class WorkloadReader(DataSourceStreamReader):
-    def __init__(self, options: dict) -> None:
-        self.topics = options["topics"].split(",")
+    def __init__(self, options: dict, schema: StructType) -> None:
+        self.job = JobSettings.model_validate_json(options["job"])
         self.rate = float(options["rate"])
-        self.skew = float(options["skew"])
-        self.domain = int(options["domain"])
-        self.seed = int(options["seed"])
         self.seconds = float(options["seconds"])
+        self.arrow_schema = to_arrow_schema(schema)
 
     # Offsets: {"batch": n, "ms": event time generated up to, "end": last event time};
     # end == 0 means the clock has not started yet.
@@ -105,73 +136,109 @@ class WorkloadReader(DataSourceStreamReader):
         return start if now <= start["ms"] else {"batch": start["batch"] + 1, "ms": now, "end": start["end"]}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        streams = range(len(self.job.streams))
         if end["end"] == 0:  # the warm-up batch: an empty interval per stream
-            return [Arrivals(i, t, 0, 0, end["batch"]) for i, t in enumerate(self.topics)]
+            return [Arrivals(i, 0, 0, end["batch"]) for i in streams]
         t0 = start["ms"] if start["end"] else end["ms"]
         if end["ms"] <= t0:
             return []
-        return [Arrivals(i, t, t0, end["ms"], end["batch"]) for i, t in enumerate(self.topics)]
+        return [Arrivals(i, t0, end["ms"], end["batch"]) for i in streams]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Arrivals)
-        rng = np.random.default_rng([self.seed, partition.stream, partition.batch])
-        ts = np.floor(poisson_times(rng, self.rate, partition.t0, partition.t1)).astype(np.int64)
-        keys = b_model_keys(rng, len(ts), self.skew, self.domain)
-        topic = pa.array([partition.topic] * len(ts), pa.string())
-        yield pa.RecordBatch.from_arrays([topic, pa.array(keys), pa.array(ts)],
-                                         schema=to_arrow_schema(GENERATED))
+        rng = np.random.default_rng([self.job.workload.seed, partition.stream, partition.batch])
+        cols = generate(self.job, partition.stream, rng, partition.t0, partition.t1, self.rate)
+        yield generated_batch(self.job, partition.stream, cols, self.arrow_schema)
 
 
 class WorkloadSource(DataSource):
-    """Options: topics (comma list, one stream each), rate, skew, domain, seed, seconds."""
+    """Options: job (JobSettings as JSON), rate (tuples/s per stream), seconds."""
 
     @classmethod
     def name(cls) -> str:
         return WORKLOAD
 
     def schema(self) -> StructType:
-        return GENERATED
+        return generated_schema(JobSettings.model_validate_json(self.options["job"]))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return WorkloadReader(self.options)
+        return WorkloadReader(self.options, schema)
 
 
-def _field_value(spec: StreamSpec, name: str, ftype: str, pad: Column) -> Column:
-    """What a generated tuple holds in field `name`: key fields carry k, the
-    time field the arrival time, other numbers k, and the first free string
-    field the padding that brings the record to its size."""
-    k, ts = F.col("k"), F.col("ts")
-    if name == spec.time_field:
-        return ts
-    free_strings = [n for n, t in spec.fields.items() if t in ("str", "bytes") and n not in spec.key_fields]
-    if name not in spec.key_fields and ftype in ("str", "bytes"):
-        return pad if name == free_strings[0] else F.lit("")
-    return {"int": k, "float": k.cast("double"), "bool": (k % 2) == 1,
-            "str": k.cast("string"), "bytes": k.cast("string")}[ftype]
-
-
-def _json_value(spec: StreamSpec, tuple_bytes: int) -> Column:
-    """Compact JSON of one tuple of `spec`, padded to about `tuple_bytes` bytes."""
-    def as_json(pad: Column) -> Column:
-        return F.to_json(F.struct(*[_field_value(spec, n, t, pad).alias(n) for n, t in spec.fields.items()]))
-
-    room = F.greatest(F.lit(tuple_bytes) - F.length(as_json(F.lit(""))), F.lit(0))
-    return as_json(F.repeat(F.lit("x"), room))
+# ---------------------------------------------------------------- Kafka records
 
 
 def records(generated: DataFrame, job: JobSettings) -> DataFrame:
-    """Generated (topic, k, ts) rows as Kafka records: topic, key = str(k), value = JSON."""
-    value = None
-    for spec in job.streams:
-        this = _json_value(spec, job.workload.tuple_bytes)
+    """Generated rows as Kafka records (topic, key, value), each stream in its format;
+    observes the tuples per topic."""
+    parts = []
+    for fmt, observed, encode in ((False, _JSON_TUPLES, _json_records), (True, _BLOCK_TUPLES, _block_records)):
+        specs = [(i, s) for i, s in enumerate(job.streams) if (s.format == "blocks") == fmt]
+        if specs:
+            topics = [job.topic_of(s) for _, s in specs]
+            mine = generated.filter(F.col("topic").isin(topics))
+            counted = mine.observe(observed, *[F.count_if(F.col("topic") == t).alias(t) for t in topics])
+            parts.append(encode(counted, job, specs))
+    return reduce(DataFrame.unionByName, parts)
+
+
+def _json_records(generated: DataFrame, job: JobSettings, specs: list[tuple[int, StreamSpec]]) -> DataFrame:
+    """One compact JSON object per tuple (bytes fields as strings, as JSON producers write them)."""
+    key = value = None
+    for i, spec in specs:
         when = F.col("topic") == job.topic_of(spec)
-        value = F.when(when, this) if value is None else value.when(when, this)
-    return generated.select("topic", F.col("k").cast("string").cast("binary").alias("key"),
-                            value.cast("binary").alias("value"))
+        fields = [(F.col(column(i, n)).cast("string") if t == "bytes" else F.col(column(i, n))).alias(n)
+                  for n, t in spec.fields.items()]
+        this_key = (F.concat_ws(",", *[F.col(column(i, k)).cast("string") for k in spec.key_fields])
+                    if spec.key_fields else F.lit(None).cast("string"))
+        this_value = F.to_json(F.struct(*fields))
+        key = F.when(when, this_key) if key is None else key.when(when, this_key)
+        value = F.when(when, this_value) if value is None else value.when(when, this_value)
+    return generated.select("topic", key.cast("binary").alias("key"), value.cast("binary").alias("value"))
+
+
+def _block_records(generated: DataFrame, job: JobSettings, specs: list[tuple[int, StreamSpec]]) -> DataFrame:
+    budget = min(job.worker.max_record_bytes, _KAFKA_RECORD_BYTES) // 2
+    return generated.mapInArrow(_block_encoder([(i, job.topic_of(s), s) for i, s in specs], budget), RECORDS)
+
+
+def _block_encoder(targets: list[tuple[int, str, StreamSpec]],
+                   budget: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function: generated row batches -> block records of about `budget` bytes at most."""
+    out_schema = to_arrow_schema(RECORDS)
+
+    def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for i, topic, spec in targets:
+                rows = pa.Table.from_batches([batch.filter(pc.equal(batch.column("topic"), topic))])
+                if rows.num_rows == 0:
+                    continue
+                table = rows.select([column(i, n) for n in spec.fields]).rename_columns(list(spec.fields))
+                values = block_values(spec, table, budget)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.repeat(pa.scalar(topic, pa.string()), len(values)), pa.nulls(len(values), pa.binary()),
+                     pa.array(values, pa.binary())], schema=out_schema)
+
+    return encode
+
+
+def block_values(spec: StreamSpec, table: pa.Table, budget: int) -> list[bytes]:
+    """The stream's tuples (columns named by field) as Arrow IPC stream records of
+    schemas.codecs.arrow_schema(spec), each holding about `budget` bytes of tuples at most."""
+    table = table.select(list(spec.fields)).cast(arrow_schema(spec))
+    rows = max(1, budget // max(1, table.nbytes // max(1, table.num_rows)))
+    return [_ipc(table.slice(lo, rows)) for lo in range(0, table.num_rows, rows)]
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
 class _Tracker(StreamingQueryListener):
-    """Counts records per topic from each micro-batch's observed metrics and
+    """Counts tuples per topic from each micro-batch's observed metrics and
     notices when the generator has covered its whole interval."""
 
     def __init__(self, topics: list[str], on_progress: object) -> None:
@@ -189,9 +256,9 @@ class _Tracker(StreamingQueryListener):
         p = event.progress
         if str(p.id) != self.query_id:
             return
-        metrics = p.observedMetrics.get(_METRICS)
-        if metrics is not None:
-            for topic, n in zip(self.topics, metrics):
+        for name in (_JSON_TUPLES, _BLOCK_TUPLES):
+            metrics = p.observedMetrics.get(name)
+            for topic, n in (metrics.asDict() if metrics is not None else {}).items():
                 self.counts[topic] += n
         if p.sources and p.sources[0].endOffset:
             end = json.loads(p.sources[0].endOffset)
@@ -206,6 +273,15 @@ class _Tracker(StreamingQueryListener):
             self.finished.set()
 
 
+def _check_formats(job: JobSettings) -> None:
+    """Images are binary: JSON records carry bytes fields as text, so they need blocks."""
+    if job.workload.kind != "images":
+        return
+    bad = [s.name for s in job.streams if s.format != "blocks" and "bytes" in s.fields.values()]
+    if bad:
+        raise ValueError(f"workload.kind images writes binary images: give streams {bad} format: blocks")
+
+
 def _sink_format(spark: SparkSession) -> str:
     """Spark's JVM Kafka sink when it happens to be installed, else ours."""
     return "kafka" if jvm_kafka_available(spark) else KAFKA
@@ -214,13 +290,9 @@ def _sink_format(spark: SparkSession) -> str:
 def start_query(spark: SparkSession, job: JobSettings, bootstrap: str, seconds: float, rate: float,
                 checkpoint: str) -> StreamingQuery:
     """Start the generator → Kafka streaming query."""
-    w = job.workload
-    generated = (spark.readStream.format(WORKLOAD)
-                 .option("topics", ",".join(job.input_topics)).option("rate", rate).option("skew", w.skew)
-                 .option("domain", w.domain).option("seed", w.seed).option("seconds", seconds).load())
-    out = records(generated, job).observe(
-        _METRICS, *[F.count_if(F.col("topic") == t).alias(t) for t in job.input_topics])
-    return (out.writeStream.format(_sink_format(spark))
+    generated = (spark.readStream.format(WORKLOAD).option("job", job.model_dump_json())
+                 .option("rate", rate).option("seconds", seconds).load())
+    return (records(generated, job).writeStream.format(_sink_format(spark))
             .option("bootstrap", bootstrap).option("kafka.bootstrap.servers", bootstrap)
             .option("checkpointLocation", checkpoint).trigger(processingTime=TRIGGER).start())
 
@@ -228,11 +300,13 @@ def start_query(spark: SparkSession, job: JobSettings, bootstrap: str, seconds: 
 def run_sources(job: JobSettings, bootstrap: str, seconds: float | None = None, rate: float | None = None,
                 show_progress: bool = True) -> dict:
     """Write `seconds` of the job's workload into its input topics; returns
-    {"records": {stream: n}, "seconds": event-time span generated, "rate": {stream: tuples/s},
-    "wall_seconds": time the query ran}."""
+    {"records": {stream: tuples written}, "seconds": event-time span generated,
+    "rate": {stream: tuples/s}, "wall_seconds": time the query ran}. (Block-format
+    streams hold many tuples per Kafka record: "records" counts tuples.)"""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    _check_formats(job)
     seconds = seconds if seconds is not None else job.workload.seconds
     rate = rate if rate is not None else job.workload.rate
     spark = local_session("streamjoin-sources")

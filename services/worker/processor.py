@@ -56,7 +56,7 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, grou
     dead = [d for sl in slices.values() for d in sl.dead]
     for i, late in enumerate(outcome.late):
         if len(late):
-            dead += _late_records(job, i, buffers[i], late, outcome.watermark_before)
+            dead += late_records(job, i, buffers[i], late, outcome.watermark_before)
     end = dict(state.checkpoint.end) | {job.streams[i].name: sl.end for i, sl in slices.items()}
     state.checkpoint = state.checkpoint.model_copy(update={
         "seq": seq, "end": end, "max_ts": list(state.window.max_ts), "watermark": state.window.watermark,
@@ -68,9 +68,9 @@ def _tag(block: Block, seq: int) -> Block:
     return Block(dict(block.columns) | {BLOCK_SEQ: np.full(len(block), seq, np.int64)})
 
 
-def _late_records(job: JobSettings, stream: int, buf: RecordBuffer, late: Block, watermark: int) -> list[DeadRecord]:
+def late_records(job: JobSettings, stream: int, buf: RecordBuffer, late: Block, watermark: int) -> list[DeadRecord]:
     spec = job.streams[stream]
-    detail = f"event time older than the group watermark {watermark} (allowed lateness {job.join.allowed_lateness_ms} ms)"
+    detail = f"event time older than the watermark {watermark} (allowed lateness {job.join.allowed_lateness_ms} ms)"
     if spec.format != "blocks":
         at = buf.record_index(late[PART], late[OFF])
         return [DeadRecord(stream, buf.partitions[i], buf.offsets[i], buf.keys[i], buf.values[i], "late", detail)

@@ -16,6 +16,7 @@ lateness), sends records older than that to the dead-letter topic, and every
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 import zlib
@@ -27,9 +28,9 @@ from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from engine.block import OFF, PART, TS, Block
-from engine.predicates import compile_terms
+from engine.predicates import UDF_ERROR, compile_terms
 from engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
-from engine.psp.messages import Probe, RoundInfo
+from engine.psp.messages import Build, Partial, Probe, RoundInfo
 from engine.psp.messages import Message as RingMessage
 from engine.psp.node import Outbox, RingNode, empty_results
 from engine.psp.plan import RingPlan, RingStream, count_column, prefixed
@@ -40,10 +41,13 @@ from schemas.codecs import encode_block
 from schemas.results import H_WM, dead_letter_headers
 from services import kafka, metrics
 from services.worker.intake import DeadRecord, RecordBuffer, decode_by_group
+from services.worker.processor import late_records
+from services.worker.output import ROWS_PER_CHUNK
 from services.worker.main import stream_templates
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("streamjoin.worker.ring")
+MAX_HOP_BYTES = 4 << 20  # a Build or Partial above this (NumPy bytes) is split; see _pieces
 
 
 def ring_plan(job: JobSettings, orders: tuple[tuple[int, ...], ...] | None = None) -> RingPlan:
@@ -163,8 +167,9 @@ class RingWorker:
             self._handle(self.local.popleft())
 
     def _produce(self, node: str, msg: RingMessage) -> None:
-        value, headers = wire.encode(msg)
-        self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0)
+        for piece in _pieces(msg):
+            value, headers = wire.encode(piece)
+            self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0)
 
     def _results(self, block: Block, info: RoundInfo | None, force: bool = False) -> None:
         if not len(block) and not force:
@@ -172,11 +177,18 @@ class RingWorker:
         out = Block({k: v for k, v in block.columns.items() if k != "newest_arrival_ms"})
         headers = [("sj-node", self.id.encode()), ("sj-round", str(info.round if info else -1).encode()),
                    (H_WM, str(info.watermark if info else NO_TIME).encode())]
-        self.out.produce(self.job.results_topic, value=encode_block(out), partition=self.result_partition,
-                         headers=headers)
+        # A big round's results would exceed the broker's record size: records of at most
+        # ROWS_PER_CHUNK rows, as hash mode writes them (an empty block is one record, the marker).
+        for start in range(0, max(len(out), 1), ROWS_PER_CHUNK):
+            part = out if len(out) <= ROWS_PER_CHUNK else out.take(np.arange(start, min(start + ROWS_PER_CHUNK,
+                                                                                   len(out))))
+            self.out.produce(self.job.results_topic, value=encode_block(part), partition=self.result_partition,
+                             headers=headers)
         if len(block):
             metrics.RESULTS_OUT.inc(len(block))
             metrics.DELAY_SECONDS.observe_many((block["produced_ms"] - block["newest_arrival_ms"]) / 1000.0)
+            if info is not None:
+                metrics.RING_RESPONSE_SECONDS.observe_many((block["produced_ms"] - info.released_ms) / 1000.0)
 
     def _udf_dead_letters(self, trigger: int, rows: Block, detail: str) -> None:
         """The trigger records whose probe the UDF failed on, once per record and node; the
@@ -189,8 +201,8 @@ class RingWorker:
             self.dead_seen.add((trigger, part, off))
             value = encode_block(rows.take(np.array([k])))
             self.out.produce(self.job.dead_letter_topic, value=value, partition=part % self.job.partitions,
-                             headers=dead_letter_headers("udf-error", detail, topic, part, off, -1, -1))
-            metrics.DEAD_LETTER.labels("udf-error").inc()
+                             headers=dead_letter_headers(UDF_ERROR, detail, topic, part, off, -1, -1))
+            metrics.DEAD_LETTER.labels(UDF_ERROR).inc()
 
     def _heartbeat(self) -> None:
         for j, s in enumerate(self.node.slices.streams):
@@ -225,6 +237,8 @@ class RingHead:
         self.offsets: dict[tuple[str, int], int] = {}
         self.loaded: set[int] = set()  # rounds in flight that carry tuples
         self.last_release = 0.0
+        self.paused: set[int] = set()  # streams whose intake waits for the rounds to catch up
+        self.tuples_per_record: float | None = None  # latest decode's ratio (block records hold many)
 
     @property
     def busy(self) -> bool:
@@ -246,8 +260,10 @@ class RingHead:
         metrics.RING_ROUNDS.inc()
 
     def tick(self) -> None:
-        for m in self.sources.consume(self.job.worker.max_batch_records, 0):
+        self._throttle()
+        for m in self.sources.consume(self._room(), 0):
             self._take(m)
+        self._decode()
         step = self.planner.step_ready()
         if step is not None:
             self.planner.apply(step)
@@ -258,6 +274,41 @@ class RingHead:
         due = time.monotonic() - self.last_release >= self.job.ring.round_ms / 1000
         if due and self.planner.can_release():
             self._release()
+
+    def _throttle(self) -> None:
+        """Intake backpressure, so a backlog is taken as the rounds go, not all at once: rounds
+        stay near worker.max_batch_records tuples and the head's memory stays bounded. Once the
+        head holds that many tuples and that many could be released, every source is paused (the
+        consumer drops what it prefetched for them and resumes at the next offset). Otherwise a
+        stream holding that many is paused while it is ahead of the watermark: the one holding
+        the watermark back must move, or nothing could be released."""
+        cap = self.job.worker.max_batch_records
+        known = [t for t in self.max_ts if t is not None]
+        low = min(known) if len(known) == len(self.max_ts) else None
+        held = sum(len(b) for b in self.pending)
+        if held >= cap and low is not None and self._releasable(low) >= cap:
+            want = set(range(len(self.pending)))
+        else:
+            want = {i for i, b in enumerate(self.pending)
+                    if len(b) >= cap and low is not None and self.max_ts[i] > low}  # type: ignore[operator]
+        for i in want ^ self.paused:
+            parts = [TopicPartition(self.job.input_topics[i], p) for p in range(self.job.partitions)]
+            (self.sources.pause if i in want else self.sources.resume)(parts)
+        self.paused = want
+
+    def _releasable(self, low_max_ts: int) -> int:
+        """Held tuples the next round would release if no more input came."""
+        wm = max(low_max_ts - self.job.join.allowed_lateness_ms, self.watermark)
+        return sum(int(np.count_nonzero(b[TS] < wm)) for b in self.pending if len(b))
+
+    def _room(self) -> int:
+        """Records to take this tick: what keeps the held tuples near worker.max_batch_records
+        (at least one, so the stream holding the watermark back always moves). Until a decode
+        has shown how many tuples a record holds, one record."""
+        if self.tuples_per_record is None:
+            return 1
+        held = sum(len(b) for b in self.pending)
+        return max(1, int((self.job.worker.max_batch_records - held) / self.tuples_per_record))
 
     def _take(self, m: Message) -> None:
         if m.error() is not None:
@@ -275,12 +326,10 @@ class RingHead:
             dead: list[DeadRecord] = [d for sl in slices.values() for d in sl.dead]
             blocks = [sl.block for sl in slices.values()]
             block = Block({k: np.concatenate([b[k] for b in blocks]) for k in blocks[0].names})
+            self.tuples_per_record = max(1.0, len(block) / len(buf), 0.5 * (self.tuples_per_record or 1.0))
             late = block[TS] < self.watermark
-            if late.any():
-                at = buf.record_index(block["_part"][late], block["_off"][late])
-                detail = f"event time older than the ring watermark {self.watermark}"
-                dead += [DeadRecord(i, buf.partitions[k], buf.offsets[k], buf.keys[k], buf.values[k], "late", detail)
-                         for k in at]
+            if late.any():  # hash mode's convention: a block record's late tuples go as a block of just those
+                dead += late_records(self.job, i, buf, block.filter(late), self.watermark)
             self._dead_letters(dead)
             fresh = block.filter(~late)
             if len(fresh):
@@ -307,7 +356,7 @@ class RingHead:
         released, self.pending = release_before(self.pending, wm)
         counts = tuple(self.sequencer.counts)
         tuples = self.sequencer.sequence(released)
-        info = self.planner.next_info(self.watermark, counts, wm, handoff)
+        info = self.planner.next_info(self.watermark, counts, wm, handoff, now_ms=int(time.time() * 1000))
         self.watermark = wm
         self.last_release = time.monotonic()
         if sum(len(b) for b in tuples):
@@ -324,6 +373,20 @@ class RingHead:
         if self.offsets:
             self.sources.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in self.offsets.items()],
                                 asynchronous=True)
+
+
+def _pieces(msg: RingMessage) -> list[RingMessage]:
+    """A Build or Partial is a set of rows; a large one (a watermark jump moves a whole slice
+    at once) travels as several of the same kind and round, in order, which the next node
+    handles exactly as the one: it inserts them in turn, or probes them in turn. Each stays
+    well under the broker's record size. Probes are bounded by the round size instead."""
+    rows = msg.tuples if isinstance(msg, Build) else msg.rows if isinstance(msg, Partial) else None
+    if rows is None or rows.nbytes <= MAX_HOP_BYTES:
+        return [msg]
+    cuts = np.linspace(0, len(rows), -(-rows.nbytes // MAX_HOP_BYTES) + 1).astype(np.int64)
+    parts = [rows.take(np.arange(a, b)) for a, b in zip(cuts, cuts[1:]) if b > a]
+    key = "tuples" if isinstance(msg, Build) else "rows"
+    return [dataclasses.replace(msg, **{key: part}) for part in parts]
 
 
 def _empty(block: Block) -> Block:

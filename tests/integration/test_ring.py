@@ -41,7 +41,10 @@ def band3(bootstrap: str, tmp_path: Path, **over: object) -> JobSettings:
     return load(Path("streamjoin/jobs/band3.yaml"), bootstrap=bootstrap, **(settings | over))
 
 
+@pytest.mark.spark
 def test_three_node_band_ring_exact_through_add_and_remove(broker: embedded.EmbeddedBroker, tmp_path: Path) -> None:
+    from services.spark.verify import run_verify
+
     job = band3(broker.bootstrap, tmp_path)
     fleet = ring_fleet(job, broker.bootstrap, tmp_path, ["w0", "w1", "w2"])
     try:
@@ -61,6 +64,8 @@ def test_three_node_band_ring_exact_through_add_and_remove(broker: embedded.Embe
         fleet.stop_all()
     assert result.expected > 1000, result
     assert result.exact, result
+    spark = run_verify(job, broker.bootstrap)  # the independent oracle agrees
+    assert spark["verified"] and spark["results"] == result.results, spark
 
 
 def test_failing_udf_dead_letters_its_records_and_the_ring_goes_on(broker: embedded.EmbeddedBroker,

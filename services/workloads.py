@@ -1,0 +1,190 @@
+"""Generated workloads, pure NumPy: one block of columns per call, so the Spark
+`sources` job, the benchmarks and the tests all draw the same tuples.
+
+Arrivals are a Poisson process at `rate` tuples/s; the time field holds the
+arrival instant (epoch ms, floored). The other fields depend on
+`workload.kind`:
+
+  equijoin  seed 000: b-model keys over `domain` in the key fields and the
+            other numbers, the first free string field padded so the JSON
+            record is about `tuple_bytes` long.
+  band      the handshake/SplitJoin band join, R(x, y, z) and S(a, b, c, d):
+            ints uniform in 1..value_max, floats uniform in [1, value_max],
+            strings 20 random letters, bools fair coins.
+  images    seed 004: every bytes field an RGB image (3 x `pixels` bytes),
+            a scene's base image plus a little noise, the scene drawn
+            uniformly among round(1 / selectivity); int fields a running id.
+            Same-scene images always pass engine.udfs.pixel_similarity
+            (threshold 0.9, tolerance 16), others practically never, so
+            that share of pairs matches.
+
+Callers seed the generator: the same (seed, stream, batch) gives the same batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from streamjoin.settings import JobSettings, StreamSpec
+
+Columns = dict[str, np.ndarray]
+
+STRING_CHARS = 20  # the benchmark's char[20]
+NOISE = 6  # image noise in [-NOISE, NOISE]: two images of a scene differ by <= 12 per byte
+_IDS_PER_MS = 1000  # images: ids of a batch starting at t0 ms are t0 * 1000, t0 * 1000 + 1, ...
+# Entropy tags no stream index or batch number reaches, so that scene and
+# sample generators never coincide with a batch's generator.
+_SCENES = 2**32 - 1
+_SAMPLE = 2**32 - 2
+
+
+def poisson_times(rng: np.random.Generator, rate: float, t0: int, t1: int) -> np.ndarray:
+    """Arrival instants (ms, float) of a rate-per-second Poisson process in [t0, t1)."""
+    mean_gap = 1000.0 / rate
+    expected = (t1 - t0) / mean_gap
+    gaps = rng.exponential(mean_gap, int(expected + 6 * math.sqrt(expected) + 16))
+    times = t0 + np.cumsum(gaps)
+    while times[-1] < t1:  # the tail beyond six sigmas: draw on until past the interval
+        times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(mean_gap, len(gaps)))])
+    return times[times < t1]
+
+
+def b_model_keys(rng: np.random.Generator, n: int, skew: float, domain: int) -> np.ndarray:
+    """b-model keys in [0, domain): at each of log2(domain) levels the heavy (lower) half wins with `skew`."""
+    levels = domain.bit_length() - 1
+    light = rng.random((n, levels)) >= skew
+    return light.astype(np.int64) @ (np.int64(1) << np.arange(levels, dtype=np.int64))
+
+
+def generate(job: JobSettings, stream: int, rng: np.random.Generator, t0_ms: int, t1_ms: int,
+             rate: float) -> Columns:
+    """Stream `stream`'s tuples arriving in [t0_ms, t1_ms), one column per field, in arrival order."""
+    arrivals = poisson_times(rng, rate, t0_ms, t1_ms)
+    return _KINDS[job.workload.kind](job, job.streams[stream], rng, arrivals, t0_ms)
+
+
+def sample(job: JobSettings, stream: int, n: int, seed: int) -> Columns:
+    """n tuples of the stream's workload, one per millisecond from 0: values for calibration."""
+    rng = np.random.default_rng([seed, stream, _SAMPLE])
+    return _KINDS[job.workload.kind](job, job.streams[stream], rng, np.arange(n, dtype=np.float64), 0)
+
+
+# ---------------------------------------------------------------- equijoin (seed 000)
+
+
+def _equijoin(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
+              t0_ms: int) -> Columns:
+    """Key fields and other numbers carry the b-model key k; free strings are empty but the padding."""
+    ts = np.floor(arrivals).astype(np.int64)
+    k = b_model_keys(rng, len(ts), job.workload.skew, job.workload.domain)
+    free = [n for n, t in spec.fields.items() if t in ("str", "bytes") and n not in spec.key_fields]
+    cols: Columns = {}
+    for name, ftype in spec.fields.items():
+        if name == spec.time_field:
+            cols[name] = ts
+        elif name in free:
+            cols[name] = np.zeros(len(ts), "U1" if ftype == "str" else "S1")
+        else:
+            cols[name] = _from_key(k, ftype)
+    if free:
+        cols[free[0]] = _padding(spec, cols, job.workload.tuple_bytes, bytes_=spec.fields[free[0]] == "bytes")
+    return cols
+
+
+def _from_key(k: np.ndarray, ftype: str) -> np.ndarray:
+    return {"int": lambda: k, "float": lambda: k.astype(np.float64), "bool": lambda: k % 2 == 1,
+            "str": lambda: k.astype("U"), "bytes": lambda: k.astype("S")}[ftype]()
+
+
+def _padding(spec: StreamSpec, cols: Columns, tuple_bytes: int, bytes_: bool) -> np.ndarray:
+    """'x' * room, room = what brings each tuple's compact JSON (padding empty) to tuple_bytes."""
+    room = np.maximum(tuple_bytes - json_lengths(spec, cols), 0)
+    # np.strings.multiply cannot size an empty result (the warm-up batch has no tuples).
+    pad = np.strings.multiply(np.array("x"), room) if len(room) else np.zeros(0, "U1")
+    return pad.astype("S") if bytes_ else pad
+
+
+def json_lengths(spec: StreamSpec, cols: Columns) -> np.ndarray:
+    """Length of each tuple's compact JSON object (as Spark's to_json writes it, ASCII strings)."""
+    n = len(cols[spec.time_field])
+    total = np.full(n, 2 + len(spec.fields) - 1, np.int64)  # braces and commas
+    for name, ftype in spec.fields.items():
+        v = cols[name]
+        if ftype == "bool":
+            width = np.where(v, 4, 5)
+        elif ftype in ("str", "bytes"):
+            width = np.strings.str_len(v) + 2
+        else:
+            width = np.strings.str_len(v.astype("U"))
+        total += len(name) + 3 + width  # "name":value
+    return total
+
+
+# ---------------------------------------------------------------- band (handshake / SplitJoin)
+
+
+def _band(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray, t0_ms: int) -> Columns:
+    ts = np.floor(arrivals).astype(np.int64)
+    return {name: ts if name == spec.time_field else _uniform(rng, ftype, len(ts), job.workload.value_max)
+            for name, ftype in spec.fields.items()}
+
+
+def _uniform(rng: np.random.Generator, ftype: str, n: int, value_max: int) -> np.ndarray:
+    if ftype == "int":
+        return rng.integers(1, value_max + 1, n, dtype=np.int64)
+    if ftype == "float":
+        return rng.uniform(1.0, value_max, n)
+    if ftype == "bool":
+        return rng.random(n) < 0.5
+    letters = rng.integers(ord("a"), ord("z") + 1, (n, STRING_CHARS), dtype=np.uint8).view(f"S{STRING_CHARS}")[:, 0]
+    return letters.astype("U") if ftype == "str" else letters
+
+
+# ---------------------------------------------------------------- images (seed 004)
+
+
+def scenes(job: JobSettings) -> int:
+    """How many scenes images are drawn from: a pair matches with probability 1 / scenes."""
+    return max(1, round(1 / job.workload.selectivity))
+
+
+def scene_image(job: JobSettings, scene: int) -> np.ndarray:
+    """The scene's base image, uint8[3 x pixels]: the same in every stream."""
+    rng = np.random.default_rng([job.workload.seed, _SCENES, scene])
+    return rng.integers(0, 256, 3 * job.workload.pixels, dtype=np.uint8)
+
+
+def _images(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
+            t0_ms: int) -> Columns:
+    n = len(arrivals)
+    picked = rng.integers(0, scenes(job), n)
+    cols: Columns = {}
+    for name, ftype in spec.fields.items():
+        if name == spec.time_field:
+            cols[name] = np.floor(arrivals).astype(np.int64)
+        elif ftype == "bytes":
+            cols[name] = _noisy_images(job, rng, picked)
+        elif ftype == "int":
+            # A running id without state shared between batches, which cover disjoint
+            # intervals: increasing and unique while a stream stays below 1000 tuples per ms.
+            cols[name] = t0_ms * _IDS_PER_MS + np.arange(n, dtype=np.int64)
+        else:
+            cols[name] = _uniform(rng, ftype, n, job.workload.value_max)
+    return cols
+
+
+def _noisy_images(job: JobSettings, rng: np.random.Generator, picked: np.ndarray) -> np.ndarray:
+    """One image per tuple, its scene's base plus noise, as fixed-width byte strings (NumPy 'S')."""
+    width = 3 * job.workload.pixels
+    used, which = np.unique(picked, return_inverse=True)
+    bases = np.stack([scene_image(job, int(s)) for s in used]) if len(used) else np.empty((0, width), np.uint8)
+    noise = rng.integers(-NOISE, NOISE + 1, (len(picked), width), dtype=np.int16)
+    pixels = np.clip(bases[which].astype(np.int16) + noise, 0, 255).astype(np.uint8)
+    return np.ascontiguousarray(pixels).view(f"S{width}").reshape(len(picked))
+
+
+_KINDS: dict[str, Callable[[JobSettings, StreamSpec, np.random.Generator, np.ndarray, int], Columns]] = {
+    "equijoin": _equijoin, "band": _band, "images": _images}
