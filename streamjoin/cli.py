@@ -160,7 +160,7 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
 def sources(job: JobOpt = None, bootstrap: BootstrapOpt = None,
             seconds: Annotated[Optional[float], typer.Option(min=0.1)] = None,
             rate: Annotated[Optional[float], typer.Option(min=0.1, help="tuples/s per stream")] = None) -> None:
-    """Spark Structured Streaming job writing the seed-000 workload into the input topics."""
+    """Spark Structured Streaming job writing the job's workload (equijoin, band or images) into its input topics."""
     from services.spark.sources import run_sources
 
     s = _settings(job, bootstrap=bootstrap)

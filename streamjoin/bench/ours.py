@@ -119,9 +119,9 @@ def scrape_delays(port: int, metric: str = DELAY_METRIC) -> Histogram:
     return Histogram(edges, np.array([buckets[e] for e in edges]), total)
 
 
-def fleet_delays(fleet: Fleet, workers: Sequence[str]) -> Histogram:
+def fleet_delays(fleet: Fleet, workers: Sequence[str], metric: str = DELAY_METRIC) -> Histogram:
     """The fleet's histograms summed: scrape before and after a stretch and subtract."""
-    hists = [scrape_delays(fleet.metrics_ports[w]) for w in workers]
+    hists = [scrape_delays(fleet.metrics_ports[w], metric) for w in workers]
     out = hists[0]
     for h in hists[1:]:
         out = out + h

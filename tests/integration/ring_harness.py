@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from schemas.codecs import decode_block
 from schemas.results import H_OFFSET, H_REASON, H_TOPIC, H_WM, decode_headers
 from services import kafka
 from streamjoin.settings import JobSettings
-from tests.integration.kafka_harness import read_all
+from tests.integration.kafka_harness import Check, read_all
 
 
 def band_rows(job: JobSettings, n: int, seed: int, t0: int = 1_000, span_ms: int = 20_000) -> list[tuple[int, dict]]:
@@ -45,21 +44,7 @@ def produce_rows(job: JobSettings, bootstrap: str, rows: list[tuple[int, dict]],
     assert p.flush(30) == 0
 
 
-@dataclass
-class RingCheck:
-    expected: int
-    results: int
-    missing: int
-    extra: int
-    duplicates: int
-    dead_letter: Counter
-
-    @property
-    def exact(self) -> bool:
-        return self.missing == self.extra == self.duplicates == 0
-
-
-def check_ring(job: JobSettings, bootstrap: str) -> RingCheck:
+def check_ring(job: JobSettings, bootstrap: str) -> Check:
     dead = read_all(bootstrap, job.dead_letter_topic, job.partitions, "rcheck-dlq")
     reasons: Counter = Counter()
     excluded = set()
@@ -102,5 +87,5 @@ def check_ring(job: JobSettings, bootstrap: str) -> RingCheck:
     windows = [RefWindow(s.window.range_ms, s.window.rows) for s in job.streams]
     expected = reference_theta_join(streams, windows, holds)
     counts = Counter(produced)
-    return RingCheck(len(expected), len(produced), len(expected - set(counts)), len(set(counts) - expected),
+    return Check(len(expected), len(produced), len(expected - set(counts)), len(set(counts) - expected),
                      sum(c - 1 for c in counts.values()), reasons)
