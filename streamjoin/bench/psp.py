@@ -147,6 +147,7 @@ def _plot(result: dict, path: Path) -> None:
     ax.plot(n, [r["latency_ms"]["p99_ms"] for r in rings], "s--", alpha=0.6, label="measured p99")
     ax.plot(n, [r["predicted_latency_ms"] for r in rings], "^:", label="cost model, eq. 5")
     ax.set_xlabel("ring size N")
+    ax.set_yscale("log")  # the model (ms) and a queueing ring (s) differ by orders of magnitude
     ax.set_ylabel("response latency (ms)")
     ax.set_xticks(n)
     p = result["parameters"]
