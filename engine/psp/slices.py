@@ -150,6 +150,11 @@ class StreamSlice:
     def _sync(self) -> None:
         self.rows = Block({c: v[self._lo:self._hi] for c, v in self._storage.items()})
 
+    def _forget_rounds_below(self, rnd: int) -> None:
+        for cache in (self._views, self._visible, self._masks, self._orders, self._in_order):
+            for key in [k for k in cache if (k if isinstance(k, int) else k[0]) < rnd]:
+                del cache[key]
+
     def _changed(self) -> None:
         for cache in (self._views, self._visible, self._masks, self._orders, self._in_order):
             cache.clear()
@@ -258,7 +263,10 @@ class StreamSlice:
         return strip_marks(_select(self.rows, mask))
 
     def collect(self, done_below: int) -> None:
-        """Forget tuples no open round can see (rounds below `done_below` have all ended)."""
+        """Forget tuples no open round can see (rounds below `done_below` have all ended),
+        and what was kept for those rounds (a slice unchanged over many rounds would pile up
+        a view per round)."""
+        self._forget_rounds_below(done_below)
         if not len(self.rows):
             return
         keep = self.rows[UNTIL] > done_below

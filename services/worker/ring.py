@@ -261,7 +261,8 @@ class RingHead:
 
     def tick(self) -> None:
         self._throttle()
-        for m in self.sources.consume(self._room(), 0):
+        room = self._room()
+        for m in self.sources.consume(room, 0) if room else ():
             self._take(m)
         self._decode()
         step = self.planner.step_ready()
@@ -277,38 +278,41 @@ class RingHead:
 
     def _throttle(self) -> None:
         """Intake backpressure, so a backlog is taken as the rounds go, not all at once: rounds
-        stay near worker.max_batch_records tuples and the head's memory stays bounded. Once the
-        head holds that many tuples and that many could be released, every source is paused (the
-        consumer drops what it prefetched for them and resumes at the next offset). Otherwise a
-        stream holding that many is paused while it is ahead of the watermark: the one holding
-        the watermark back must move, or nothing could be released."""
+        stay near worker.max_batch_records tuples and the head's memory stays bounded. A stream
+        holding that many tuples is paused while it is ahead of the watermark (the consumer drops
+        what it prefetched for it and resumes at the next offset), so the stream holding the
+        watermark back is the one read; it is never paused, or nothing could be released."""
         cap = self.job.worker.max_batch_records
-        known = [t for t in self.max_ts if t is not None]
-        low = min(known) if len(known) == len(self.max_ts) else None
-        held = sum(len(b) for b in self.pending)
-        if held >= cap and low is not None and self._releasable(low) >= cap:
-            want = set(range(len(self.pending)))
-        else:
-            want = {i for i, b in enumerate(self.pending)
-                    if len(b) >= cap and low is not None and self.max_ts[i] > low}  # type: ignore[operator]
+        low = self._low_max_ts()
+        want = {i for i, b in enumerate(self.pending)
+                if len(b) >= cap and low is not None and self.max_ts[i] > low}  # type: ignore[operator]
         for i in want ^ self.paused:
             parts = [TopicPartition(self.job.input_topics[i], p) for p in range(self.job.partitions)]
             (self.sources.pause if i in want else self.sources.resume)(parts)
         self.paused = want
 
+    def _low_max_ts(self) -> int | None:
+        known = [t for t in self.max_ts if t is not None]
+        return min(known) if len(known) == len(self.max_ts) else None
+
+    def _room(self) -> int:
+        """Records to take this tick (0: none): what keeps the held tuples near
+        worker.max_batch_records. Past it, one record at a time and only while fewer than that
+        many could be released (the stream holding the watermark back must move). Until a
+        decode has shown how many tuples a record holds, one record."""
+        if self.tuples_per_record is None:
+            return 1
+        cap = self.job.worker.max_batch_records
+        held = sum(len(b) for b in self.pending)
+        if held < cap:
+            return max(1, int((cap - held) / self.tuples_per_record))
+        low = self._low_max_ts()
+        return 0 if low is not None and self._releasable(low) >= cap else 1
+
     def _releasable(self, low_max_ts: int) -> int:
         """Held tuples the next round would release if no more input came."""
         wm = max(low_max_ts - self.job.join.allowed_lateness_ms, self.watermark)
         return sum(int(np.count_nonzero(b[TS] < wm)) for b in self.pending if len(b))
-
-    def _room(self) -> int:
-        """Records to take this tick: what keeps the held tuples near worker.max_batch_records
-        (at least one, so the stream holding the watermark back always moves). Until a decode
-        has shown how many tuples a record holds, one record."""
-        if self.tuples_per_record is None:
-            return 1
-        held = sum(len(b) for b in self.pending)
-        return max(1, int((self.job.worker.max_batch_records - held) / self.tuples_per_record))
 
     def _take(self, m: Message) -> None:
         if m.error() is not None:

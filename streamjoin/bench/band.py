@@ -58,6 +58,7 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.block import Block
@@ -198,19 +199,20 @@ def make_backlog(case: Case, plan: Plan) -> Backlog:
         n = len(cols[spec.time_field])
         columns.append(cols)
         records.append([encode_block(Block({f: cols[f][a:a + plan.block_tuples] for f in spec.fields}))
-                        for a in range(0, n, plan.block_tuples)] + [encode_block(sentinel(job, i, cols))])
+                        for a in range(0, n, plan.block_tuples)])
+        records[-1].append(encode_block(sentinel(job, i, cols, T0_MS + case.span_ms)))
     return Backlog(case, job, columns, records, plan.block_tuples)
 
 
-def sentinel(job: JobSettings, i: int, cols: dict[str, np.ndarray]) -> Block:
+def sentinel(job: JobSettings, i: int, cols: dict[str, np.ndarray], end_ms: int) -> Block:
     """One tuple after the backlog: later than its end by more than the allowed lateness, so the
     watermark passes every backlog tuple (as further input would), and with values outside the
-    domain on opposite sides per stream, so it joins nothing. It is never released itself: the
-    other stream's sentinel is no later than it by more than the lateness."""
+    domain on opposite sides per stream, so it joins nothing. It is never released itself."""
     spec = job.streams[i]
     far = (-1 if i == 0 else 1) * 1_000_000 * job.workload.value_max
-    # Just past the lateness: a long jump in event time would expire or move whole slices at once.
-    ts = int(cols[spec.time_field].max()) + job.join.allowed_lateness_ms + 1_000
+    # Just past the lateness (a long jump in event time would expire or move whole slices at
+    # once), and the same for both streams, so the watermark stays short of them.
+    ts = end_ms + job.join.allowed_lateness_ms + 1_000
     row = {f: (np.array([ts]) if f == spec.time_field else
                np.array([far], dtype=v.dtype) if v.dtype.kind in "if" else v[:1]) for f, v in cols.items()}
     return Block(row)
@@ -376,7 +378,7 @@ def check_tail(bootstrap: str, job: JobSettings, backlog: Backlog, k: int, finis
     cut = cut_time(backlog, k)
     table = results_since(bootstrap, job, cut)
     produced = table.column("produced_ms").to_numpy()
-    table = table.filter(pa.compute.greater_equal(table.column("event_time"), cut))
+    table = table.filter(pc.greater_equal(table.column("event_time"), cut))
     expected = expected_pairs(backlog, cut)
     observed = np.stack([_index_of(backlog.offsets[i], table.column(f"{s.name}.offset").to_numpy())
                          for i, s in enumerate(job.streams)], axis=1) if table.num_rows else np.empty((0, 2), np.int64)
@@ -628,7 +630,7 @@ def ratios(runs: list[dict], peers: dict) -> dict:
     sj, consume, floor = peers["splitjoin_published"], peers["kafka_consume"], peers["reference"]
     out = {}
     for r in runs:
-        key, rate = f"{r['window']}_n{r['nodes']}", r["tuples_per_s"]
+        key, rate = run_key(r), r["tuples_per_s"]
         paper = sj[r["window"]]
         out[f"{key}_vs_splitjoin"] = report.ratio(rate, paper["tuples_per_s"],
                                                   "sustained input rate, both streams, full window", "tuples/s")
@@ -645,6 +647,11 @@ def ratios(runs: list[dict], peers: dict) -> dict:
                                                 "tuples/s at the full window vs the plain-Python reference's "
                                                 "pair rate over the same window", "tuples/s")
     return out
+
+
+def run_key(run: dict) -> str:
+    """A run's name in `ratios`: window kind, rate per stream, ring size (e.g. time_r2200_n1)."""
+    return f"{run['window']}_r{int(run['rate_per_stream'])}_n{run['nodes']}"
 
 
 def plot(result: dict, path: Path) -> None:
