@@ -13,6 +13,7 @@ rows involved (they go to the dead-letter topic; their pairs count as no match).
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
@@ -105,11 +106,20 @@ def evaluate_isolated(term: Term, values: Mapping[int, np.ndarray]) -> tuple[np.
     return mask, failed, detail[0]
 
 
+# Folders that were top-level packages before the one `streamjoin` namespace: UDF
+# references spelled that way ('engine.udfs:f') still load, with a warning.
+_LEGACY_PACKAGES = ("engine", "state", "schemas", "topology", "services")
+
+
 def load_udf(name: str, target: str) -> Udf:
     """Import 'module:callable'; fail with a message that says what to fix."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise PredicateError(f"join.udfs.{name}: {target!r} must look like 'package.module:function'")
+    if module_name.split(".")[0] in _LEGACY_PACKAGES:
+        module_name = f"streamjoin.{module_name}"
+        warnings.warn(f"join.udfs.{name}: {target!r} names a module outside the streamjoin namespace; "
+                      f"write '{module_name}:{attr}'", DeprecationWarning, stacklevel=2)
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.block import KEY, OFF, TS, Block
+from streamjoin.engine.block import KEY, OFF, TS, Block
 
 
 def sort_by_key_time(block: Block) -> Block:

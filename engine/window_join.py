@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, Block, concat
-from engine.probe import TimeIndex, expand_ranges, key_ranges, sort_by_key_time
-from engine.result_ids import result_ids
+from streamjoin.engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, Block, concat
+from streamjoin.engine.probe import TimeIndex, expand_ranges, key_ranges, sort_by_key_time
+from streamjoin.engine.result_ids import result_ids
 
 NO_TIME = np.iinfo(np.int64).min // 4  # "no watermark yet"; headroom so arithmetic cannot wrap
 

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from engine.block import ARR, KEY, OFF, PART, TS, Block, system_block
+from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, system_block
 from streamjoin.settings import StreamSpec
 
 _ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "bytes": pa.binary()}

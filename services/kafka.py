@@ -11,7 +11,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from topology.partitioner import PRODUCER_PARTITIONER
+from streamjoin.topology.partitioner import PRODUCER_PARTITIONER
 
 _log = logging.getLogger("streamjoin.kafka")
 

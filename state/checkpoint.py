@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from engine.window_join import NO_TIME
+from streamjoin.engine.window_join import NO_TIME
 
 
 class GroupCheckpoint(BaseModel):

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from rocksdict import Options, Rdict
 
-from state.transaction import StateTransaction
+from streamjoin.state.transaction import StateTransaction
 
 
 class Store:

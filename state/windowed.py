@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block import Block, concat
-from engine.probe import sort_by_key_time
-from engine.window_join import GroupWindow, JoinPlan, empty_window, expire
-from schemas.codecs import decode_block, encode_block
-from state.checkpoint import GroupCheckpoint
-from state.partition import checkpoint_key, seq_of, window_block_key, window_prefix
-from state.store import Store
-from state.transaction import StateTransaction
+from streamjoin.engine.block import Block, concat
+from streamjoin.engine.probe import sort_by_key_time
+from streamjoin.engine.window_join import GroupWindow, JoinPlan, empty_window, expire
+from streamjoin.schemas.codecs import decode_block, encode_block
+from streamjoin.state.checkpoint import GroupCheckpoint
+from streamjoin.state.partition import checkpoint_key, seq_of, window_block_key, window_prefix
+from streamjoin.state.store import Store
+from streamjoin.state.transaction import StateTransaction
 
 BLOCK_SEQ = "_blk"  # column: the batch that appended the tuple, i.e. its stored block
 

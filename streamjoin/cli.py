@@ -49,7 +49,7 @@ def _settings(job: Path | None, **flags: object) -> JobSettings:
 
 def _check_ring_job(settings: JobSettings) -> None:
     """UDFs are imported at start: an unknown or unimportable one fails fast with exit code 2."""
-    from engine.predicates import PredicateError, compile_terms
+    from streamjoin.engine.predicates import PredicateError, compile_terms
 
     try:
         compile_terms([st.name for st in settings.streams], settings.join.predicate, settings.join.udfs)
@@ -69,7 +69,7 @@ def _need_bootstrap(settings: JobSettings) -> str:
 @app.command()
 def broker(port: Annotated[int, typer.Option(help="loopback port (0 = any free port)")] = 0) -> None:
     """Start the embedded Kafka-compatible broker (Tansu, memory only) and wait."""
-    from services import broker as embedded
+    from streamjoin.services import broker as embedded
 
     b = embedded.start(port or None)
     print(b.bootstrap, flush=True)
@@ -83,8 +83,8 @@ def broker(port: Annotated[int, typer.Option(help="loopback port (0 = any free p
 @topics_app.command("create")
 def topics_create(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
     """Create the job's topics (missing ones) and check the existing ones."""
-    from services import kafka
-    from topology import topics
+    from streamjoin.services import kafka
+    from streamjoin.topology import topics
 
     s = _settings(job, bootstrap=bootstrap)
     created = topics.ensure(kafka.admin(_need_bootstrap(s)), s)
@@ -94,8 +94,8 @@ def topics_create(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
 @topics_app.command("check")
 def topics_check(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
     """Check that the job's topics exist with the right partition counts."""
-    from services import kafka
-    from topology import topics
+    from streamjoin.services import kafka
+    from streamjoin.topology import topics
 
     s = _settings(job, bootstrap=bootstrap)
     try:
@@ -115,12 +115,12 @@ def worker(
     s = _settings(job, bootstrap=bootstrap)
     logs.configure("worker", worker=worker_id)
     if s.join.mode == "ring":
-        from services.worker.ring import run_ring_worker
+        from streamjoin.services.worker.ring import run_ring_worker
 
         _check_ring_job(s)
         run_ring_worker(s, _need_bootstrap(s), worker_id, metrics_port)
     else:
-        from services.worker.main import run_worker
+        from streamjoin.services.worker.main import run_worker
 
         run_worker(s, _need_bootstrap(s), worker_id, metrics_port)
 
@@ -128,7 +128,7 @@ def worker(
 @app.command()
 def coordinator(job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port: PortOpt = None) -> None:
     """Run the coordinator: placement, heartbeats, assignments."""
-    from services.coordinator.main import run_coordinator
+    from streamjoin.services.coordinator.main import run_coordinator
 
     s = _settings(job, bootstrap=bootstrap)
     logs.configure("coordinator")
@@ -139,7 +139,7 @@ def coordinator(job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port
 def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
            as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False) -> None:
     """Workers, their partition groups, lag and window state size."""
-    from services.coordinator.status import snapshot
+    from streamjoin.services.coordinator.status import snapshot
 
     s = _settings(job, bootstrap=bootstrap)
     snap = snapshot(s, _need_bootstrap(s))
@@ -161,7 +161,7 @@ def sources(job: JobOpt = None, bootstrap: BootstrapOpt = None,
             seconds: Annotated[Optional[float], typer.Option(min=0.1)] = None,
             rate: Annotated[Optional[float], typer.Option(min=0.1, help="tuples/s per stream")] = None) -> None:
     """Spark Structured Streaming job writing the job's workload (equijoin, band or images) into its input topics."""
-    from services.spark.sources import run_sources
+    from streamjoin.services.spark.sources import run_sources
 
     s = _settings(job, bootstrap=bootstrap)
     print(json.dumps(run_sources(s, _need_bootstrap(s), seconds=seconds, rate=rate), indent=2))
@@ -172,7 +172,7 @@ def verify(job: JobOpt = None, bootstrap: BootstrapOpt = None,
            report: Annotated[Optional[Path], typer.Option(help="write the report JSON here")] = None,
            plot: Annotated[Optional[Path], typer.Option(help="write the delay plot PNG here")] = None) -> None:
     """Spark job: exact expected join vs. the results topic; exits 1 on any mismatch."""
-    from services.spark.verify import run_verify
+    from streamjoin.services.spark.verify import run_verify
 
     s = _settings(job, bootstrap=bootstrap)
     result = run_verify(s, _need_bootstrap(s), report_path=report, plot_path=plot)
@@ -206,7 +206,7 @@ def plan_ring(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """PSP cost model (seed 004, eqs. 1-5): predicted service rate and latency per ring size N."""
-    from services.coordinator.ring_plan import plan_ring as make_plan, render_plan
+    from streamjoin.services.coordinator.ring_plan import plan_ring as make_plan, render_plan
 
     s = _settings(job_file, bootstrap=bootstrap)
     if s.join.mode != "ring":
@@ -220,8 +220,8 @@ def plan_ring(
 
 
 def _ring_change(action: str, worker_id: str, job: Path | None, bootstrap: str | None) -> None:
-    from schemas import control
-    from services import kafka
+    from streamjoin.schemas import control
+    from streamjoin.services import kafka
 
     s = _settings(job, bootstrap=bootstrap)
     if s.join.mode != "ring":

@@ -15,18 +15,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from services import broker as embedded
-from services import kafka
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
 from streamjoin.launcher import Fleet, wait_drained, write_job
 from streamjoin.settings import JobSettings
-from topology import topics
+from streamjoin.topology import topics
 
 console = Console(stderr=True)
 
 
 def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, rate: float | None = None) -> dict:
-    from services.spark.sources import run_sources
-    from services.spark.verify import run_verify
+    from streamjoin.services.spark.sources import run_sources
+    from streamjoin.services.spark.verify import run_verify
 
     report_path.parent.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:

@@ -15,9 +15,9 @@ from pathlib import Path
 import yaml
 from confluent_kafka import TopicPartition
 
-from services import kafka
-from services.broker import free_port
-from services.coordinator.status import latest_heartbeats
+from streamjoin.services import kafka
+from streamjoin.services.broker import free_port
+from streamjoin.services.coordinator.status import latest_heartbeats
 from streamjoin.settings import JobSettings
 
 

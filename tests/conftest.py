@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """One local Spark for the whole run: starting a JVM costs seconds."""
-    from services.spark.kafka_source import local_session
+    from streamjoin.services.spark.kafka_source import local_session
 
     session = local_session("streamjoin-tests")
     yield session

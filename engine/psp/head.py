@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block import OFF, PART, TS, Block, concat
-from engine.psp.messages import RoundInfo
-from engine.psp.plan import RingPlan, count_column
-from engine.psp.slices import G, SSEQ
+from streamjoin.engine.block import OFF, PART, TS, Block, concat
+from streamjoin.engine.psp.messages import RoundInfo
+from streamjoin.engine.psp.plan import RingPlan, count_column
+from streamjoin.engine.psp.slices import G, SSEQ
 
 
 class Sequencer:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.block import Block
+from streamjoin.engine.block import Block
 
 
 @dataclass(frozen=True)

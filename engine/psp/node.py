@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block import ARR, OFF, PART, TS, Block
-from engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
-from engine.psp.plan import REF_COLUMNS, RingPlan, count_column, prefixed
-from engine.psp.probe import T_COL, ProbeFailures, extend
-from engine.psp.slices import G, NodeSlices, ages
-from engine.result_ids import result_ids
+from streamjoin.engine.block import ARR, OFF, PART, TS, Block
+from streamjoin.engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
+from streamjoin.engine.psp.plan import REF_COLUMNS, RingPlan, count_column, prefixed
+from streamjoin.engine.psp.probe import T_COL, ProbeFailures, extend
+from streamjoin.engine.psp.slices import G, NodeSlices, ages
+from streamjoin.engine.result_ids import result_ids
 
 
 @dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.block import ARR, OFF, PART, TS
-from engine.predicates import Term
+from streamjoin.engine.block import ARR, OFF, PART, TS
+from streamjoin.engine.predicates import Term
 
 REF_COLUMNS = (PART, OFF, TS, ARR)  # what every member contributes to a result's identity and delay
 

@@ -16,11 +16,11 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.block import TS, Block, concat
-from engine.predicates import Term, evaluate_isolated, terms_between
-from engine.probe import expand_ranges
-from engine.psp.plan import RingPlan, count_column, prefixed
-from engine.psp.slices import G, SSEQ
+from streamjoin.engine.block import TS, Block, concat
+from streamjoin.engine.predicates import Term, evaluate_isolated, terms_between
+from streamjoin.engine.probe import expand_ranges
+from streamjoin.engine.psp.plan import RingPlan, count_column, prefixed
+from streamjoin.engine.psp.slices import G, SSEQ
 
 T_COL = "_T"  # the trigger's event time: the result's time T
 MAX_PAIRS = 1 << 21

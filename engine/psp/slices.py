@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block import TS, Block, concat
+from streamjoin.engine.block import TS, Block, concat
 
 G, SSEQ, FROM, UNTIL = "_g", "_sseq", "_from", "_until"
 NEVER = np.iinfo(np.int64).max

@@ -12,12 +12,12 @@ import time
 import structlog
 from confluent_kafka import OFFSET_END, TopicPartition
 
-from schemas import control
-from services import kafka, metrics
-from services.coordinator import placement as placing
-from services.coordinator.ring import RingCoordination
+from streamjoin.schemas import control
+from streamjoin.services import kafka, metrics
+from streamjoin.services.coordinator import placement as placing
+from streamjoin.services.coordinator.ring import RingCoordination
 from streamjoin.settings import JobSettings
-from topology import topics
+from streamjoin.topology import topics
 
 log = structlog.get_logger("streamjoin.coordinator")
 

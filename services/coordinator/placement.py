@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from schemas.control import Placement
-from services import kafka
+from streamjoin.schemas.control import Placement
+from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import structlog
 from confluent_kafka import Producer
 
-from schemas import control
-from services.coordinator.ring_plan import calibrate, choose_ring_size
+from streamjoin.schemas import control
+from streamjoin.services.coordinator.ring_plan import calibrate, choose_ring_size
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("streamjoin.coordinator.ring")

@@ -42,12 +42,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.table import Table
 
-from engine.block import TS, Block, concat, system_block
-from engine.predicates import Term, compile_terms, terms_between
-from engine.psp import cost_model
-from engine.psp.cost_model import Measurements
-from schemas.codecs import decode_block, encode_block
-from services import kafka, workloads
+from streamjoin.engine.block import TS, Block, concat, system_block
+from streamjoin.engine.predicates import Term, compile_terms, terms_between
+from streamjoin.engine.psp import cost_model
+from streamjoin.engine.psp.cost_model import Measurements
+from streamjoin.schemas.codecs import decode_block, encode_block
+from streamjoin.services import kafka, workloads
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("streamjoin.coordinator.ring_plan")

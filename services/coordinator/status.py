@@ -6,9 +6,9 @@ import time
 
 from confluent_kafka import TopicPartition
 
-from schemas import control
-from services import kafka
-from services.coordinator import placement as placing
+from streamjoin.schemas import control
+from streamjoin.services import kafka
+from streamjoin.services.coordinator import placement as placing
 from streamjoin.settings import JobSettings
 
 

@@ -53,7 +53,6 @@ RECORD_SCHEMA = StructType([
 ])
 # Rows per Arrow batch handed to Spark; one consume() call fills at most this many.
 _CHUNK = 20_000
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ def _end_offsets(bootstrap: str, isolation: str, topics: list[str], timeout_s: f
     """
     from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 
-    from services.kafka import consumer
+    from streamjoin.services.kafka import consumer
 
     c = consumer(bootstrap, f"streamjoin-plan-{uuid.uuid4().hex}",
                  **{"isolation.level": isolation, "enable.partition.eof": True})
@@ -145,7 +144,7 @@ def _start_offsets(bootstrap: str, partitions: list[tuple[str, int]]) -> dict[tu
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    from services.kafka import admin
+    from streamjoin.services.kafka import admin
 
     client = admin(bootstrap)  # held until the answers are in: a collected client never resolves its futures
     futures = client.list_offsets({TopicPartition(t, p): OffsetSpec.earliest() for t, p in partitions},
@@ -157,7 +156,7 @@ def _read_slice(bootstrap: str, isolation: str, timeout_s: float, part: KafkaSli
                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import KafkaException, TopicPartition
 
-    from services.kafka import consumer
+    from streamjoin.services.kafka import consumer
 
     c = consumer(bootstrap, f"streamjoin-read-{uuid.uuid4().hex}", **{"isolation.level": isolation})
     tp = TopicPartition(part.topic, part.partition)
@@ -214,7 +213,7 @@ _PRODUCERS: dict[str, Any] = {}
 
 
 def _shared_producer(bootstrap: str) -> Any:
-    from services.kafka import producer
+    from streamjoin.services.kafka import producer
 
     if bootstrap not in _PRODUCERS:
         _PRODUCERS[bootstrap] = producer(bootstrap)
@@ -307,16 +306,17 @@ def jvm_kafka_available(spark: SparkSession) -> bool:
         return False
 
 
-def _workers_import_project() -> None:
-    """Python workers unpickle our data sources by module name: let them import the project."""
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if _PROJECT_ROOT not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([_PROJECT_ROOT, *filter(None, paths)])
+def _workers_see_driver_path() -> None:
+    """Python workers unpickle data sources and import UDFs (`module:callable` in the job)
+    by name: give them the driver's import path, so what the driver imports they import."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    driver = [str(Path(p or ".").resolve()) for p in sys.path if Path(p or ".").is_dir()]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*driver, *paths]))
 
 
 def local_session(app: str = "streamjoin") -> SparkSession:
     """The small local Spark every job runs on (or the one already running), source registered."""
-    _workers_import_project()
+    _workers_see_driver_path()
     spark = (
         SparkSession.builder.master("local[2]").appName(app)
         .config("spark.ui.enabled", "false")

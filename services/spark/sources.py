@@ -42,9 +42,9 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, LongType, StringType, StructField,
                                StructType)
 
-from schemas.codecs import arrow_schema
-from services.spark.kafka_source import NAME as KAFKA, jvm_kafka_available, local_session
-from services.workloads import Columns, generate
+from streamjoin.schemas.codecs import arrow_schema
+from streamjoin.services.spark.kafka_source import NAME as KAFKA, jvm_kafka_available, local_session
+from streamjoin.services.workloads import Columns, generate
 from streamjoin.settings import JobSettings, StreamSpec
 
 WORKLOAD = "streamjoin-workload"

@@ -33,11 +33,11 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, IntegerType, LongType, StringType,
                                StructField, StructType)
 
-from engine.predicates import UDF_ERROR, Term, compile_terms, evaluate_isolated, terms_between
-from schemas.codecs import BLOCK_SHIFT, arrow_schema
-from schemas.results import (EVENT_TIME, H_GROUP, H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, H_WM, PRODUCED_MS,
+from streamjoin.engine.predicates import UDF_ERROR, Term, compile_terms, evaluate_isolated, terms_between
+from streamjoin.schemas.codecs import BLOCK_SHIFT, arrow_schema
+from streamjoin.schemas.results import (EVENT_TIME, H_GROUP, H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, H_WM, PRODUCED_MS,
                              RESULT_ID, ref_columns)
-from services.spark.kafka_source import NAME as KAFKA, local_session
+from streamjoin.services.spark.kafka_source import NAME as KAFKA, local_session
 from streamjoin.settings import JobSettings, StreamSpec, WindowSpec
 
 # Field types as JSON records carry them (bytes as text), for from_json.
@@ -164,7 +164,7 @@ def _block_decoder(job: JobSettings):
     arrow_schema = to_arrow_schema(schema)
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from engine.result_ids import result_ids
+        from streamjoin.engine.result_ids import result_ids
 
         for batch in batches:
             for value in batch.column("value").to_pylist():

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from confluent_kafka import Message
 
-from engine.block import PART, Block
-from schemas.codecs import DECODERS, Reject
+from streamjoin.engine.block import PART, Block
+from streamjoin.schemas.codecs import DECODERS, Reject
 from streamjoin.settings import JobSettings, StreamSpec
 
 STREAM_HEADER = "stream"  # optional: producers sharing a topic name the stream a record is for

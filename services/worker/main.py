@@ -18,17 +18,17 @@ import numpy as np
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, Message, TopicPartition
 
-from engine.window_join import template
-from schemas import control
-from services import kafka, metrics
-from services.worker.intake import RecordBuffer
-from services.worker.output import Emitter
-from services.worker.processor import GroupBatch, join_plan, run_cycle
-from services.worker.recovery import recover_group
-from state.store import Store
-from state.windowed import WindowedStore
+from streamjoin.engine.window_join import template
+from streamjoin.schemas import control
+from streamjoin.services import kafka, metrics
+from streamjoin.services.worker.intake import RecordBuffer
+from streamjoin.services.worker.output import Emitter
+from streamjoin.services.worker.processor import GroupBatch, join_plan, run_cycle
+from streamjoin.services.worker.recovery import recover_group
+from streamjoin.state.store import Store
+from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import JobSettings
-from topology import topics
+from streamjoin.topology import topics
 
 log = structlog.get_logger("streamjoin.worker")
 

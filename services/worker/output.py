@@ -19,11 +19,11 @@ from typing import Iterator
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from engine.block import Block
-from schemas.codecs import encode_block
-from schemas.results import BatchHeader, dead_letter_headers
-from services import metrics
-from services.worker.processor import GroupBatch
+from streamjoin.engine.block import Block
+from streamjoin.schemas.codecs import encode_block
+from streamjoin.schemas.results import BatchHeader, dead_letter_headers
+from streamjoin.services import metrics
+from streamjoin.services.worker.processor import GroupBatch
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("streamjoin.worker.output")

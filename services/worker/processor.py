@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.block import OFF, PART, Block
-from engine.window_join import JoinPlan, StreamPlan, process_batch
-from schemas.codecs import BLOCK_SHIFT, encode_block, keys_are_exact
-from services.worker.intake import DeadRecord, GroupSlice, RecordBuffer, decode_by_group
-from state.windowed import BLOCK_SEQ, GroupState, WindowedStore
+from streamjoin.engine.block import OFF, PART, Block
+from streamjoin.engine.window_join import JoinPlan, StreamPlan, process_batch
+from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block, keys_are_exact
+from streamjoin.services.worker.intake import DeadRecord, GroupSlice, RecordBuffer, decode_by_group
+from streamjoin.state.windowed import BLOCK_SEQ, GroupState, WindowedStore
 from streamjoin.settings import JobSettings
 
 

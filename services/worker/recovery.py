@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from engine.window_join import JoinPlan
-from schemas.results import H_OFFSET, H_TOPIC, BatchHeader, decode_headers
-from services import kafka, metrics
-from services.worker.intake import RecordBuffer
-from services.worker.output import Emitter
-from services.worker.processor import run_cycle
-from state.windowed import WindowedStore
+from streamjoin.engine.window_join import JoinPlan
+from streamjoin.schemas.results import H_OFFSET, H_TOPIC, BatchHeader, decode_headers
+from streamjoin.services import kafka, metrics
+from streamjoin.services.worker.intake import RecordBuffer
+from streamjoin.services.worker.output import Emitter
+from streamjoin.services.worker.processor import run_cycle
+from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import JobSettings
 
 log = logging.getLogger("streamjoin.worker.recovery")

@@ -27,23 +27,23 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from engine.block import OFF, PART, TS, Block
-from engine.predicates import UDF_ERROR, compile_terms
-from engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
-from engine.psp.messages import Build, Partial, Probe, RoundInfo
-from engine.psp.messages import Message as RingMessage
-from engine.psp.node import Outbox, RingNode, empty_results
-from engine.psp.plan import RingPlan, RingStream, count_column, prefixed
-from engine.psp.slices import G, SSEQ
-from engine.window_join import NO_TIME
-from schemas import control, ring as wire
-from schemas.codecs import encode_block
-from schemas.results import H_WM, dead_letter_headers
-from services import kafka, metrics
-from services.worker.intake import DeadRecord, RecordBuffer, decode_by_group
-from services.worker.processor import late_records
-from services.worker.output import ROWS_PER_CHUNK
-from services.worker.main import stream_templates
+from streamjoin.engine.block import OFF, PART, TS, Block
+from streamjoin.engine.predicates import UDF_ERROR, compile_terms
+from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
+from streamjoin.engine.psp.messages import Build, Partial, Probe, RoundInfo
+from streamjoin.engine.psp.messages import Message as RingMessage
+from streamjoin.engine.psp.node import Outbox, RingNode, empty_results
+from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column, prefixed
+from streamjoin.engine.psp.slices import G, SSEQ
+from streamjoin.engine.window_join import NO_TIME
+from streamjoin.schemas import control, ring as wire
+from streamjoin.schemas.codecs import encode_block
+from streamjoin.schemas.results import H_WM, dead_letter_headers
+from streamjoin.services import kafka, metrics
+from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group
+from streamjoin.services.worker.processor import late_records
+from streamjoin.services.worker.output import ROWS_PER_CHUNK
+from streamjoin.services.worker.main import stream_templates
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("streamjoin.worker.ring")

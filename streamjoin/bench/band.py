@@ -61,18 +61,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.block import Block
-from engine.reference import RefWindow, ThetaTuple, reference_theta_join
-from schemas.codecs import BLOCK_SHIFT, encode_block
-from schemas.results import H_WM
-from services import broker as embedded
-from services import kafka, workloads
+from streamjoin.engine.block import Block
+from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
+from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block
+from streamjoin.schemas.results import H_WM
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka, workloads
 from streamjoin.bench import ours, report
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.peers.kafka_consume import run_kafka_consume
 from streamjoin.launcher import Fleet, wait_ring_quiet
 from streamjoin.settings import JobSettings, WindowSpec, load
-from topology import topics
+from streamjoin.topology import topics
 
 JOB_FILE = Path(__file__).resolve().parents[1] / "jobs" / "band.yaml"
 T0_MS = 1_700_000_000_000  # the backlog's first event time (any epoch ms would do)

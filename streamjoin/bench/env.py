@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from rich.console import Console
 
-from services import broker as embedded
+from streamjoin.services import broker as embedded
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,7 +30,7 @@ class BenchEnv:
 
     @cached_property
     def spark(self) -> "SparkSession":
-        from services.spark.kafka_source import local_session
+        from streamjoin.services.spark.kafka_source import local_session
 
         return local_session("streamjoin-bench")
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from services.spark.kafka_source import NAME as KAFKA
-from services.spark.verify import value_schema
+from streamjoin.services.spark.kafka_source import NAME as KAFKA
+from streamjoin.services.spark.verify import value_schema
 from streamjoin.settings import JobSettings
 
 ARRIVAL = "arrival_ms"  # the Kafka record timestamp: when the tuple reached the broker

@@ -31,13 +31,13 @@ import numpy as np
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas.results import PRODUCED_MS, RESULT_ID, ref_columns
-from services import kafka
+from streamjoin.schemas.results import PRODUCED_MS, RESULT_ID, ref_columns
+from streamjoin.services import kafka
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.report import delay_stats, overloaded, sustained_rate
 from streamjoin.launcher import Fleet, wait_drained, write_job
 from streamjoin.settings import JobSettings
-from topology import topics
+from streamjoin.topology import topics
 
 DELAY_METRIC = "streamjoin_production_delay_seconds"
 VERIFY_KEYS = ("verified", "missing", "extra", "duplicates", "bad_ids", "lost", "expected", "results", "inputs",
@@ -163,8 +163,8 @@ def run_sweep(env: BenchEnv, job: JobSettings, workers: int, steps: Sequence[Ste
     """The whole staircase on a fresh fleet of `workers`: every step, so the curve shows the
     knee and the key domain planned for the whole staircase holds; returns the steps with
     exact delays, the verifier's report and how often a worker had to be restarted."""
-    from services.spark.sources import run_sources
-    from services.spark.verify import run_verify
+    from streamjoin.services.spark.sources import run_sources
+    from streamjoin.services.spark.verify import run_verify
 
     fleet, _ = start_fleet(env, job, workers)
     done: list[dict] = []

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from services.coordinator.ring_plan import plan_ring
+from streamjoin.services.coordinator.ring_plan import plan_ring
 from streamjoin.bench import ours, report
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.peers.kafka_consume import run_kafka_consume
@@ -76,8 +76,8 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
 
 def run_ring(env: BenchEnv, base: JobSettings, n: int, rate: float, seconds: float, model: dict) -> dict:
     """One ring of n nodes: Spark sources write the workload, the ring joins it, Spark verifies it."""
-    from services.spark.sources import run_sources
-    from services.spark.verify import run_verify
+    from streamjoin.services.spark.sources import run_sources
+    from streamjoin.services.spark.verify import run_verify
 
     job = ours.fleet_job(base, env, f"psp-n{n}", n)
     job = job.model_copy(update={"ring": job.ring.model_copy(update={"nodes": n, "max_nodes": max(n, 1)})})

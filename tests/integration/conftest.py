@@ -5,11 +5,11 @@ from typing import Iterator
 
 import pytest
 
-from services import broker as embedded
-from services import kafka
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
 from streamjoin.launcher import Fleet, write_job
 from streamjoin.settings import JobSettings, load
-from topology import topics
+from streamjoin.topology import topics
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from engine.reference import RefTuple, RefWindow, reference_join
-from schemas.codecs import decode_block
-from schemas.results import H_OFFSET, H_REASON, H_TOPIC, BatchHeader, decode_headers
-from services import kafka
+from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
+from streamjoin.schemas.codecs import decode_block
+from streamjoin.schemas.results import H_OFFSET, H_REASON, H_TOPIC, BatchHeader, decode_headers
+from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
-from topology.partitioner import key_bytes
+from streamjoin.topology.partitioner import key_bytes
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from collections import Counter
 
 import numpy as np
 
-from engine.predicates import UdfFailure, compile_terms
-from engine.reference import RefWindow, ThetaTuple, reference_theta_join
-from schemas.codecs import decode_block
-from schemas.results import H_OFFSET, H_REASON, H_TOPIC, H_WM, decode_headers
-from services import kafka
+from streamjoin.engine.predicates import UdfFailure, compile_terms
+from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
+from streamjoin.schemas.codecs import decode_block
+from streamjoin.schemas.results import H_OFFSET, H_REASON, H_TOPIC, H_WM, decode_headers
+from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
 from tests.integration.kafka_harness import Check, read_all
 

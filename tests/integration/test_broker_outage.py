@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from services import broker as embedded
-from services import kafka
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
 from streamjoin.launcher import Fleet, wait_drained, write_job
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import check, produce
 from tests.integration.tcp_proxy import Proxy
 from tests.integration.test_hash_join import rows_out_of_order
-from topology import topics
+from streamjoin.topology import topics
 
 pytestmark = pytest.mark.integration
 

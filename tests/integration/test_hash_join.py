@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from services import kafka
-from services.coordinator.status import snapshot
+from streamjoin.services import kafka
+from streamjoin.services.coordinator.status import snapshot
 from streamjoin.launcher import wait_drained
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import Row, check, produce

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services import kafka
-from services.broker import free_port
+from streamjoin.services import kafka
+from streamjoin.services.broker import free_port
 from streamjoin.cli import app
 from streamjoin.launcher import wait_drained, write_job
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import Row, produce, read_all
 from tests.integration.test_hash_join import rows_out_of_order
-from topology.partitioner import key_bytes, partition_for
+from streamjoin.topology.partitioner import key_bytes, partition_for
 
 pytestmark = pytest.mark.integration
 OPS = Path(__file__).resolve().parents[2] / "ops" / "prometheus"
@@ -91,7 +91,7 @@ def test_prometheus_scrapes_workers_and_evaluates_rules(broker, fleet_for, tmp_p
 
 def test_keys_land_where_kafkas_partitioner_puts_them(broker, tmp_path: Path) -> None:
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 5}, {"range_ms": 5}], workers=1)
-    from topology import topics
+    from streamjoin.topology import topics
 
     topics.ensure(kafka.admin(broker.bootstrap), job)
     keys = list(range(500))

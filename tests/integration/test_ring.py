@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from services import broker as embedded
-from services import kafka
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
 from streamjoin.launcher import Fleet, wait_layout, wait_ring_quiet, write_job
 from streamjoin.settings import JobSettings, load
 from tests.integration.ring_harness import band_rows, check_ring, produce_rows
-from topology import topics
+from streamjoin.topology import topics
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def band3(bootstrap: str, tmp_path: Path, **over: object) -> JobSettings:
 
 @pytest.mark.spark
 def test_three_node_band_ring_exact_through_add_and_remove(broker: embedded.EmbeddedBroker, tmp_path: Path) -> None:
-    from services.spark.verify import run_verify
+    from streamjoin.services.spark.verify import run_verify
 
     job = band3(broker.bootstrap, tmp_path)
     fleet = ring_fleet(job, broker.bootstrap, tmp_path, ["w0", "w1", "w2"])

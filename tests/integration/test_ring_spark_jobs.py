@@ -14,20 +14,20 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from engine.block import OFF, PART, Block
-from engine.predicates import compile_terms
-from engine.reference import RefWindow, ThetaTuple, TupleRef, reference_theta_join
-from engine.result_ids import result_ids
-from schemas.codecs import BLOCK_SHIFT, encode_block
-from schemas.results import EVENT_TIME, H_WM, PRODUCED_MS, RESULT_ID, dead_letter_headers, ref_columns
-from services import broker as embedded
-from services import kafka
-from services.spark.kafka_source import NAME as KAFKA
-from services.spark.sources import run_sources
-from services.spark.verify import run_verify
+from streamjoin.engine.block import OFF, PART, Block
+from streamjoin.engine.predicates import compile_terms
+from streamjoin.engine.reference import RefWindow, ThetaTuple, TupleRef, reference_theta_join
+from streamjoin.engine.result_ids import result_ids
+from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block
+from streamjoin.schemas.results import EVENT_TIME, H_WM, PRODUCED_MS, RESULT_ID, dead_letter_headers, ref_columns
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
+from streamjoin.services.spark.kafka_source import NAME as KAFKA
+from streamjoin.services.spark.sources import run_sources
+from streamjoin.services.spark.verify import run_verify
 from streamjoin.settings import JobSettings, load
 from tests.unit.ring_harness import decode, pair_predicate
-from topology import topics
+from streamjoin.topology import topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

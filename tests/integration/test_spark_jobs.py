@@ -14,18 +14,18 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from engine.block import Block
-from engine.reference import RefTuple, RefWindow, TupleRef, reference_join
-from engine.result_ids import result_ids
-from schemas.codecs import encode_block
-from schemas.results import EVENT_TIME, PRODUCED_MS, RESULT_ID, BatchHeader, dead_letter_headers, ref_columns
-from services import broker as embedded
-from services import kafka
-from services.spark.kafka_source import NAME as KAFKA
-from services.spark.sources import run_sources
-from services.spark.verify import run_verify
+from streamjoin.engine.block import Block
+from streamjoin.engine.reference import RefTuple, RefWindow, TupleRef, reference_join
+from streamjoin.engine.result_ids import result_ids
+from streamjoin.schemas.codecs import encode_block
+from streamjoin.schemas.results import EVENT_TIME, PRODUCED_MS, RESULT_ID, BatchHeader, dead_letter_headers, ref_columns
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
+from streamjoin.services.spark.kafka_source import NAME as KAFKA
+from streamjoin.services.spark.sources import run_sources
+from streamjoin.services.spark.verify import run_verify
 from streamjoin.settings import JobSettings, load
-from topology import topics
+from streamjoin.topology import topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.block import system_block
-from engine.reference import RefTuple, RefWindow, TupleRef
-from engine.window_join import JoinPlan, StreamPlan, empty_window, process_batch
+from streamjoin.engine.block import system_block
+from streamjoin.engine.reference import RefTuple, RefWindow, TupleRef
+from streamjoin.engine.window_join import JoinPlan, StreamPlan, empty_window, process_batch
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block import OFF, PART, TS, Block, system_block
-from engine.predicates import Term
-from engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
-from engine.psp.messages import Build, Message, Probe
-from engine.psp.node import Outbox, RingNode
-from engine.psp.plan import RingPlan, RingStream, count_column
-from engine.psp.slices import G, SSEQ
-from engine.reference import RefWindow, ThetaTuple, reference_theta_join
+from streamjoin.engine.block import OFF, PART, TS, Block, system_block
+from streamjoin.engine.predicates import Term
+from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
+from streamjoin.engine.psp.messages import Build, Message, Probe
+from streamjoin.engine.psp.node import Outbox, RingNode
+from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column
+from streamjoin.engine.psp.slices import G, SSEQ
+from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
 
 FIELDS = ("x", "y")
 

@@ -7,9 +7,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine.predicates import Term
-from engine.reference import ThetaTuple
-from schemas.codecs import DECODERS, Decoded
+from streamjoin.engine.predicates import Term
+from streamjoin.engine.reference import ThetaTuple
+from streamjoin.schemas.codecs import DECODERS, Decoded
 from streamjoin.settings import StreamSpec
 
 

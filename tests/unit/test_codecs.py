@@ -9,8 +9,8 @@ import json
 import fastavro
 import numpy as np
 
-from engine.block import ARR, KEY, OFF, PART, TS, Block
-from schemas.codecs import (BLOCK_SHIFT, avro_schema, decode_avro, decode_block, decode_blocks, decode_json,
+from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block
+from streamjoin.schemas.codecs import (BLOCK_SHIFT, avro_schema, decode_avro, decode_block, decode_blocks, decode_json,
                             encode_block)
 from streamjoin.settings import StreamSpec
 

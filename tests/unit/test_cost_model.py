@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.psp import cost_model as cm
-from engine.psp.cost_model import Measurements
+from streamjoin.engine.psp import cost_model as cm
+from streamjoin.engine.psp.cost_model import Measurements
 
 # A 3-way join seen from stream 0, which probes stream 1 then stream 2:
 # lambda W of the probed streams = 20 x 3 = 60 and 5 x 4 = 20, S per step 0.1 and 0.5.

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.reference import RefWindow, reference_join
+from streamjoin.engine.reference import RefWindow, reference_join
 from tests.unit.engine_harness import Arrival, reference_streams, run
 
 

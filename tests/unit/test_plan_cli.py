@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services import broker as embedded
-from services.coordinator import ring_plan
+from streamjoin.services import broker as embedded
+from streamjoin.services.coordinator import ring_plan
 from streamjoin.cli import app, default_job_file
 from streamjoin.settings import load
 

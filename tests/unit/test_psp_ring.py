@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine.predicates import Term
-from engine.reference import RefWindow, ThetaTuple, reference_theta_join
+from streamjoin.engine.predicates import Term
+from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
 from tests.unit.psp_harness import Arrival, make_plan, run_ring
 
 

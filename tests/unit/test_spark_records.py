@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from engine.block import OFF, PART
-from schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC
-from services.spark.kafka_source import RECORD_SCHEMA
-from services.spark.sources import block_values, generated_batch, generated_schema, records
-from services.spark.verify import decode_ring_dead_letters, decode_tuples, mark_dead
-from services.workloads import generate
+from streamjoin.engine.block import OFF, PART
+from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC
+from streamjoin.services.spark.kafka_source import RECORD_SCHEMA
+from streamjoin.services.spark.sources import block_values, generated_batch, generated_schema, records
+from streamjoin.services.spark.verify import decode_ring_dead_letters, decode_tuples, mark_dead
+from streamjoin.services.workloads import generate
 from streamjoin.settings import JobSettings, load
 from tests.unit.ring_harness import decode
 

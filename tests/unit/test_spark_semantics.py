@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from engine.reference import RefTuple, RefWindow, reference_join
-from services.spark.verify import expected_join
+from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
+from streamjoin.services.spark.verify import expected_join
 from streamjoin.settings import WindowSpec
 
 pytestmark = pytest.mark.spark

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.predicates import compile_terms
-from engine.reference import RefWindow, ThetaTuple, reference_theta_join
-from services.spark.verify import expected_theta_join
+from streamjoin.engine.predicates import compile_terms
+from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
+from streamjoin.services.spark.verify import expected_theta_join
 from streamjoin.settings import PredicateTerm, WindowSpec
 from tests.unit.ring_harness import pair_predicate
 
@@ -85,7 +85,7 @@ CASES = {
                        [{"range_ms": 4}, {"range_ms": 3}, {"range_ms": 2}],
                        [{"left": "r.x", "right": "s.a"}], 14),
 }
-UDFS = {"similar": "engine.udfs:pixel_similarity", "even": "tests.unit.test_spark_theta:both_even"}
+UDFS = {"similar": "streamjoin.engine.udfs:pixel_similarity", "even": "tests.unit.test_spark_theta:both_even"}
 
 
 @pytest.mark.parametrize("case", list(CASES))

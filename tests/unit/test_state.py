@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from services.worker.intake import RecordBuffer
-from services.worker.main import stream_templates
-from services.worker.processor import join_plan, run_cycle
-from state.partition import window_prefix
-from state.store import Store
-from state.windowed import WindowedStore
+from streamjoin.services.worker.intake import RecordBuffer
+from streamjoin.services.worker.main import stream_templates
+from streamjoin.services.worker.processor import join_plan, run_cycle
+from streamjoin.state.partition import window_prefix
+from streamjoin.state.store import Store
+from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import load
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.udfs import pixel_similarity
-from services.workloads import generate, json_lengths, poisson_times, sample, scenes
+from streamjoin.engine.udfs import pixel_similarity
+from streamjoin.services.workloads import generate, json_lengths, poisson_times, sample, scenes
 from streamjoin.settings import JobSettings, load
 
 JOBS = ["seed000", "band", "band3", "images"]

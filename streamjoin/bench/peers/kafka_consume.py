@@ -16,10 +16,10 @@ import uuid
 import numpy as np
 from confluent_kafka import Message, TopicPartition
 
-from services import kafka
+from streamjoin.services import kafka
 from streamjoin.bench.report import delay_stats
 from streamjoin.settings import JobSettings
-from topology import topics
+from streamjoin.topology import topics
 
 
 def consume_once(bootstrap: str, partitions: list[tuple[str, int]]) -> dict:
@@ -61,7 +61,7 @@ def delivery_delay(bootstrap: str, job: JobSettings, rate: float, seconds: float
     of the job's input topics while one tuned consumer (nothing else running) reads them; a
     record's delay is when the consumer holds it minus its Kafka timestamp, the clock our
     production delay starts from. It covers the writer's path to the broker and the fetch."""
-    from services.spark.sources import run_sources
+    from streamjoin.services.spark.sources import run_sources
 
     probe = job.model_copy(update={"job": f"{job.job}-delivery"})
     topics.ensure(kafka.admin(bootstrap), probe)

@@ -10,7 +10,7 @@ import time
 
 import pyarrow as pa
 
-from engine.reference import RefTuple, RefWindow, reference_join
+from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
 from streamjoin.settings import JobSettings
 
 

@@ -1,0 +1,16 @@
+"""The one typed settings object (`streamjoin.settings`): a leaf of the import
+graph, so every layer can read the job without importing any other layer."""
+
+from streamjoin.settings.job import (
+    FieldType,
+    JobSettings,
+    JoinSpec,
+    PredicateTerm,
+    SettingsError,
+    StreamSpec,
+    WindowSpec,
+    load,
+)
+
+__all__ = ["FieldType", "JobSettings", "JoinSpec", "PredicateTerm", "SettingsError", "StreamSpec", "WindowSpec",
+           "load"]

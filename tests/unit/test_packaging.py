@@ -1,0 +1,115 @@
+"""One installed package, and imports that point one way.
+
+The wheel's only top-level package is `streamjoin`; the repository's top-level
+folders are mapped under it (pyproject's package-dir). No module imports a
+folder as a top-level package (`from engine ...` would load a second copy),
+and the layers import downwards only:
+    settings (leaf) <- engine <- schemas, topology <- state <- services <- CLI (streamjoin.*)
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+PACKAGE_DIRS = PROJECT["tool"]["setuptools"]["package-dir"]
+FOLDERS = {d for d in PACKAGE_DIRS.values() if d != "streamjoin"}
+# Rank of each layer: a module may import its own layer and those ranked lower.
+LAYERS = {"streamjoin.settings": 0, "streamjoin.engine": 1, "streamjoin.schemas": 2, "streamjoin.topology": 2,
+          "streamjoin.state": 3, "streamjoin.services": 4, "streamjoin": 5}
+
+
+def tracked_python_files() -> list[Path]:
+    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "*.py"], capture_output=True, text=True, check=True)
+    return [REPO / line for line in out.stdout.split()]
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in a file, function-level ones included."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, node.module)]
+    return found
+
+
+def module_name(path: Path) -> str | None:
+    """The installed name of a repository file, None outside the package (tests)."""
+    rel = path.relative_to(REPO)
+    for package, folder in sorted(PACKAGE_DIRS.items(), key=lambda kv: -len(kv[1])):
+        if rel.parts[:len(Path(folder).parts)] == Path(folder).parts:
+            rest = rel.parts[len(Path(folder).parts):]
+            return ".".join([package, *rest]).removesuffix(".py").removesuffix(".__init__")
+    return None
+
+
+def layer_of(module: str) -> str | None:
+    for layer in sorted(LAYERS, key=len, reverse=True):
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return None
+
+
+def test_no_file_imports_a_folder_as_a_top_level_package() -> None:
+    bare = [f"{path.relative_to(REPO)}:{line}: {module}" for path in tracked_python_files()
+            for line, module in imported_modules(path) if module.split(".")[0] in FOLDERS]
+    assert not bare, "import these through the streamjoin namespace:\n" + "\n".join(bare)
+
+
+def test_layers_import_downwards_only() -> None:
+    wrong = []
+    for path in tracked_python_files():
+        own = module_name(path)
+        if own is None:
+            continue
+        for line, module in imported_modules(path):
+            target = layer_of(module)
+            if target is not None and LAYERS[target] > LAYERS[layer_of(own)]:  # type: ignore[index]
+                wrong.append(f"{own} ({layer_of(own)}) imports {module} ({target}), line {line}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_package_folder_is_listed_for_the_wheel() -> None:
+    listed = set(PROJECT["tool"]["setuptools"]["packages"])
+    on_disk = {module_name(init.parent / "__init__.py") for folder in {"streamjoin", *FOLDERS}
+               for init in (REPO / folder).rglob("__init__.py")}
+    assert on_disk == listed, f"on disk, not listed: {on_disk - listed}; listed, not on disk: {listed - on_disk}"
+
+
+@pytest.mark.timeout(300)
+def test_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(tmp_path), str(REPO)], check=True, capture_output=True)
+    wheel = zipfile.ZipFile(next(tmp_path.glob("streamjoin-*.whl")))
+    names = wheel.namelist()
+    top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
+    assert wheel.read(top_level).decode().split() == ["streamjoin"]
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"streamjoin"}
+    expected = {f"{module_name(p).replace('.', '/')}{'/__init__' if p.name == '__init__.py' else ''}.py"
+                for p in tracked_python_files() if module_name(p)}
+    assert expected <= set(names), sorted(expected - set(names))
+    assert "streamjoin/jobs/seed000.yaml" in names
+
+
+def test_old_udf_spelling_still_loads_with_a_deprecation_warning() -> None:
+    from streamjoin.engine.predicates import load_udf
+    from streamjoin.engine.udfs import pixel_similarity
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_udf("similar", "engine.udfs:pixel_similarity") is pixel_similarity
+    assert any(issubclass(w.category, DeprecationWarning) and "streamjoin.engine.udfs" in str(w.message)
+               for w in caught)
+    assert "engine" not in sys.modules  # the old name never became a module of its own
