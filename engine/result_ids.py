@@ -1,33 +1,44 @@
-"""Deterministic result ids: a 64-bit hash of the inputs' (topic, partition,
-offset) in stream order, computed over whole blocks.
+"""Deterministic 128-bit result ids, computed over whole blocks from the
+inputs' (topic, partition, offset) in stream order.
 
-Anyone can recompute an id from a result's input refs (the Spark verifier
-does), so duplicates are detectable without trusting the producer:
-    h = 0xcbf29ce484222325
+A 64-bit id collides within a month at a few thousand results per second
+(birthday bound), and consumers deduplicate by it, so an id is two
+independent 64-bit hashes of the same refs, `hi` and `lo`, each
+    h = seed
     for each stream, in join order:
-        h = mix(h ^ fnv1a64(topic)); h = mix(h ^ partition); h = mix(h ^ offset)
-where mix is SplitMix64's finaliser (all arithmetic mod 2**64).
+        h = f(h ^ t(topic)); h = f(h ^ partition); h = f(h ^ offset)
+  hi: seed 0xcbf29ce484222325, t = FNV-1a 64,        f = SplitMix64's finaliser
+  lo: seed 0x84222325cbf29ce4, t = FNV-1a 64 of "\\x01" + topic, f = MurmurHash3's fmix64 after
+      adding 0xd6e8feb86659fd93
+(all arithmetic mod 2**64). Anyone can recompute an id from a result's input
+refs (the Spark verifier does); its text form is `hi` then `lo` as 32
+lower-case hex digits (`result_id_hex`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
+RESULT_ID_HI, RESULT_ID_LO = "result_id_hi", "result_id_lo"  # block columns (uint64)
+EVENT_TIME, PRODUCED_MS = "event_time", "produced_ms"  # block columns (int64): T, and when it was produced
 _U = np.uint64
-_FNV_OFFSET = _U(0xCBF29CE484222325)
+_FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
+_LO_SEED = 0x84222325CBF29CE4
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 
 
 def fnv1a64(text: str) -> np.uint64:
-    h = int(_FNV_OFFSET)
+    h = _FNV_OFFSET
     for byte in text.encode():
         h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return _U(h)
 
 
 def mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser."""
     with np.errstate(over="ignore"):
         z = x + _U(0x9E3779B97F4A7C15)
         z = (z ^ (z >> _U(30))) * _U(0xBF58476D1CE4E5B9)
@@ -35,11 +46,54 @@ def mix(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> _U(31))
 
 
-def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray]) -> np.ndarray:
+def fmix(x: np.ndarray) -> np.ndarray:
+    """MurmurHash3's fmix64, after adding a constant so that 0 does not map to 0."""
+    with np.errstate(over="ignore"):
+        z = x + _U(0xD6E8FEB86659FD93)
+        z = (z ^ (z >> _U(33))) * _U(0xFF51AFD7ED558CCD)
+        z = (z ^ (z >> _U(33))) * _U(0xC4CEB9FE1A85EC53)
+        return z ^ (z >> _U(33))
+
+
+def _hash(seed: int, topic_hash: Callable[[str], np.uint64], f: Callable[[np.ndarray], np.ndarray],
+          topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray]) -> np.ndarray:
     n = len(offsets[0]) if offsets else 0
-    h = np.full(n, _FNV_OFFSET, dtype=_U)
+    h = np.full(n, seed, dtype=_U)
     for topic, part, off in zip(topics, partitions, offsets):
-        h = mix(h ^ fnv1a64(topic))
-        h = mix(h ^ np.asarray(part).astype(np.int64).view(_U))
-        h = mix(h ^ np.asarray(off).astype(np.int64).view(_U))
+        h = f(h ^ topic_hash(topic))
+        h = f(h ^ np.asarray(part).astype(np.int64).view(_U))
+        h = f(h ^ np.asarray(off).astype(np.int64).view(_U))
     return h
+
+
+def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray],
+               offsets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) uint64 halves of each result's id; `partitions[i]`, `offsets[i]` are stream i's refs."""
+    hi = _hash(_FNV_OFFSET, fnv1a64, mix, topics, partitions, offsets)
+    lo = _hash(_LO_SEED, lambda t: fnv1a64("\x01" + t), fmix, topics, partitions, offsets)
+    return hi, lo
+
+
+def result_head(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray],
+                event_time: np.ndarray, now_ms: int) -> dict[str, np.ndarray]:
+    """The columns every result block starts with: id halves, event time T, produced_ms."""
+    hi, lo = result_ids(topics, partitions, offsets)
+    return {RESULT_ID_HI: hi, RESULT_ID_LO: lo, EVENT_TIME: np.asarray(event_time, np.int64),
+            PRODUCED_MS: np.full(len(hi), now_ms, dtype=np.int64)}
+
+
+def result_id_hex(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """The ids as 32 lower-case hex digits each (NumPy bytes 'S32'), hi first."""
+    both = np.stack([np.asarray(hi, _U), np.asarray(lo, _U)], axis=1).astype(">u8")
+    nibbles = np.frombuffer(both.tobytes(), np.uint8).reshape(len(both), 16)
+    digits = np.stack([_HEX[nibbles >> 4], _HEX[nibbles & 15]], axis=2).reshape(len(both), 32)
+    return np.ascontiguousarray(digits).view("S32").reshape(len(both))
+
+
+def parse_result_id_hex(text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of `result_id_hex` for well-formed ids (32 hex digits each)."""
+    raw = np.frombuffer(np.asarray(text, "S32").tobytes(), np.uint8).reshape(len(text), 32).astype(np.int64)
+    values = np.where(raw >= ord("a"), raw - ord("a") + 10, raw - ord("0")).astype(_U)
+    weights = _U(16) ** np.arange(15, -1, -1, dtype=_U)
+    with np.errstate(over="ignore"):
+        return (values[:, :16] * weights).sum(axis=1, dtype=_U), (values[:, 16:] * weights).sum(axis=1, dtype=_U)

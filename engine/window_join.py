@@ -24,7 +24,7 @@ import numpy as np
 
 from streamjoin.engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, Block, concat
 from streamjoin.engine.probe import TimeIndex, expand_ranges, key_ranges, sort_by_key_time
-from streamjoin.engine.result_ids import result_ids
+from streamjoin.engine.result_ids import result_head
 
 NO_TIME = np.iinfo(np.int64).min // 4  # "no watermark yet"; headroom so arithmetic cannot wrap
 
@@ -253,11 +253,8 @@ def _assemble(plan: JoinPlan, sources: list[Block], combos: dict[int, np.ndarray
             cols[f"{s.name}.{f}"] = src[f][idx]
     cols["newest_arrival_ms"] = np.max([sources[i]["_arr"][combos[i]] for i in range(len(plan.streams))], axis=0) \
         if n else np.empty(0, np.int64)
-    head = {
-        "result_id": result_ids([s.topic for s in plan.streams], parts, offs),
-        "event_time": np.max(times, axis=0) if n else np.empty(0, np.int64),
-        "produced_ms": np.full(n, now_ms, dtype=np.int64),
-    }
+    head = result_head([s.topic for s in plan.streams], parts, offs,
+                       np.max(times, axis=0) if n else np.empty(0, np.int64), now_ms)
     return Block(head | cols)
 
 

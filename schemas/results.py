@@ -1,62 +1,71 @@
-"""The result record and the dead-letter record, as written to Kafka.
+"""What the job writes besides its results: the commit records recovery and
+verifiers read, and the dead-letter record. The result records themselves
+(one per result, JSON or Avro, or Arrow blocks) are schemas/result_codec.py.
 
-Results: topic `<job>.results`, partition = partition group g, one record per
-(group, batch) holding an Arrow IPC block (schemas/files/result_block.json):
-    result_id    uint64   see engine/result_ids.py
-    event_time   int64    T = max event time of the inputs
-    produced_ms  int64    wall clock when the worker produced it
-    <s>.partition int32, <s>.offset int64, <s>.ts int64, <s>.<field> ...  per stream s
-Headers (ASCII): sj-group, sj-seq (batch number in the group), sj-chunk
-("i/n"), sj-end (JSON {stream: next offset} for the group's input
-partitions: the batch boundary), sj-wm (group watermark after the batch),
-sj-worker. A batch with input but no results still writes one empty record:
-it is the batch's commit marker.
+Commits: topic `<job>.commits` (internal, compacted by key), JSON values.
+  hash mode  key = group g, partition g: one `BatchCommit` per (group, batch),
+             written and flushed before the batch's results, so a visible
+             result implies a visible commit; it carries the batch's input
+             boundary and the group's watermark after it.
+  ring mode  key = the node, partition 0: one `RoundRelease` per round once
+             its results are written; its watermark says which inputs have
+             been released (joined) for good.
 
-Dead letter: topic `<job>.dead-letter`, partition = g, value and key are the
-original record's bytes; headers: sj-reason (malformed | late | oversize |
-unknown-stream), sj-detail, sj-topic, sj-partition, sj-offset, sj-group, sj-seq.
+Dead letter: topic `<job>.dead-letter`, value and key are the original
+record's bytes; headers: sj-reason (malformed | late | oversize |
+unknown-stream | misrouted | udf-error), sj-detail, sj-topic, sj-partition,
+sj-offset (the input record), sj-group, sj-seq.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from typing import Annotated, Literal
 
-RESULT_ID, EVENT_TIME, PRODUCED_MS = "result_id", "event_time", "produced_ms"
-H_GROUP, H_SEQ, H_CHUNK, H_END, H_WM, H_WORKER = "sj-group", "sj-seq", "sj-chunk", "sj-end", "sj-wm", "sj-worker"
+from pydantic import BaseModel, Field, TypeAdapter
+
+from streamjoin.engine.result_ids import EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO
+
+__all__ = ["EVENT_TIME", "PRODUCED_MS", "RESULT_ID_HI", "RESULT_ID_LO", "BatchCommit", "RoundRelease", "Commit",
+           "decode_commit", "dead_letter_headers", "decode_headers", "ref_columns"]
+
+H_GROUP, H_SEQ = "sj-group", "sj-seq"
 H_REASON, H_DETAIL, H_TOPIC, H_PARTITION, H_OFFSET = "sj-reason", "sj-detail", "sj-topic", "sj-partition", "sj-offset"
 
 
 def ref_columns(stream: str) -> tuple[str, str, str]:
+    """Result block columns naming a member tuple: its partition, offset and event time."""
     return f"{stream}.partition", f"{stream}.offset", f"{stream}.ts"
 
 
-@dataclass(frozen=True)
-class BatchHeader:
+class BatchCommit(BaseModel):
+    """Hash mode: group `group`'s batch `seq` is decided. Its results follow on the
+    results topic's partition `group` (`results` of them)."""
+
+    kind: Literal["batch"] = "batch"
     group: int
     seq: int
-    chunk: int
-    chunks: int
-    end: dict[str, int]
-    watermark: int
+    end: dict[str, dict[int, int]]  # input topic -> partition -> next offset: the batch's boundary
+    watermark: int  # the group's watermark after the batch
+    results: int
     worker: str
+    epoch: int = 0
 
-    def encode(self) -> list[tuple[str, bytes]]:
-        return [
-            (H_GROUP, str(self.group).encode()),
-            (H_SEQ, str(self.seq).encode()),
-            (H_CHUNK, f"{self.chunk}/{self.chunks}".encode()),
-            (H_END, json.dumps(self.end, separators=(",", ":")).encode()),
-            (H_WM, str(self.watermark).encode()),
-            (H_WORKER, self.worker.encode()),
-        ]
 
-    @classmethod
-    def decode(cls, headers: list[tuple[str, bytes]] | None) -> "BatchHeader":
-        h = {k: v.decode() for k, v in headers or []}
-        chunk, chunks = h[H_CHUNK].split("/")
-        return cls(int(h[H_GROUP]), int(h[H_SEQ]), int(chunk), int(chunks), json.loads(h[H_END]),
-                   int(h[H_WM]), h.get(H_WORKER, ""))
+class RoundRelease(BaseModel):
+    """Ring mode: round `round`'s results are all written; inputs below `watermark` are released."""
+
+    kind: Literal["round"] = "round"
+    node: str
+    round: int
+    watermark: int
+
+
+Commit = Annotated[BatchCommit | RoundRelease, Field(discriminator="kind")]
+_COMMIT = TypeAdapter(Commit)
+
+
+def decode_commit(value: bytes) -> BatchCommit | RoundRelease:
+    return _COMMIT.validate_json(value)
 
 
 def dead_letter_headers(reason: str, detail: str, topic: str, partition: int, offset: int, group: int,

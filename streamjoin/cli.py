@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -18,6 +18,9 @@ from rich.table import Table
 
 from streamjoin import logs
 from streamjoin.settings import JobSettings, SettingsError, load
+
+if TYPE_CHECKING:
+    from streamjoin.services.kafka import Cluster
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 topics_app = typer.Typer(no_args_is_help=True, help="Create or check the job's topics.")
@@ -58,12 +61,15 @@ def _check_ring_job(settings: JobSettings) -> None:
         raise typer.Exit(2) from e
 
 
-def _need_bootstrap(settings: JobSettings) -> str:
+def _cluster(settings: JobSettings) -> "Cluster":
+    """The job's Kafka cluster (bootstrap and `kafka:` client settings); exit 2 when none is given."""
+    from streamjoin.services.kafka import Cluster
+
     if not settings.bootstrap:
         console.print("[red]error:[/red] no Kafka cluster given: pass --bootstrap HOST:PORT (or set "
                       "STREAMJOIN_BOOTSTRAP); `streamjoin broker` starts a local one")
         raise typer.Exit(2)
-    return settings.bootstrap
+    return Cluster.of(settings)
 
 
 @app.command()
@@ -83,23 +89,21 @@ def broker(port: Annotated[int, typer.Option(help="loopback port (0 = any free p
 @topics_app.command("create")
 def topics_create(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
     """Create the job's topics (missing ones) and check the existing ones."""
-    from streamjoin.services import kafka
     from streamjoin.topology import topics
 
     s = _settings(job, bootstrap=bootstrap)
-    created = topics.ensure(kafka.admin(_need_bootstrap(s)), s)
+    created = topics.ensure(_cluster(s).admin(), s)
     console.print(f"created {len(created)} topic(s): {', '.join(created) or '-'}; all {len(topics.plan(s))} ok")
 
 
 @topics_app.command("check")
 def topics_check(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
     """Check that the job's topics exist with the right partition counts."""
-    from streamjoin.services import kafka
     from streamjoin.topology import topics
 
     s = _settings(job, bootstrap=bootstrap)
     try:
-        topics.check(kafka.admin(_need_bootstrap(s)), s)
+        topics.check(_cluster(s).admin(), s)
     except topics.TopologyError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e
@@ -118,11 +122,11 @@ def worker(
         from streamjoin.services.worker.ring import run_ring_worker
 
         _check_ring_job(s)
-        run_ring_worker(s, _need_bootstrap(s), worker_id, metrics_port)
+        run_ring_worker(s, _cluster(s), worker_id, metrics_port)
     else:
         from streamjoin.services.worker.main import run_worker
 
-        run_worker(s, _need_bootstrap(s), worker_id, metrics_port)
+        run_worker(s, _cluster(s), worker_id, metrics_port)
 
 
 @app.command()
@@ -132,7 +136,7 @@ def coordinator(job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port
 
     s = _settings(job, bootstrap=bootstrap)
     logs.configure("coordinator")
-    run_coordinator(s, _need_bootstrap(s), metrics_port)
+    run_coordinator(s, _cluster(s), metrics_port)
 
 
 @app.command()
@@ -142,7 +146,7 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
     from streamjoin.services.coordinator.status import snapshot
 
     s = _settings(job, bootstrap=bootstrap)
-    snap = snapshot(s, _need_bootstrap(s))
+    snap = snapshot(s, _cluster(s))
     if as_json:
         print(json.dumps(snap, indent=2))
         return
@@ -164,7 +168,7 @@ def sources(job: JobOpt = None, bootstrap: BootstrapOpt = None,
     from streamjoin.services.spark.sources import run_sources
 
     s = _settings(job, bootstrap=bootstrap)
-    print(json.dumps(run_sources(s, _need_bootstrap(s), seconds=seconds, rate=rate), indent=2))
+    print(json.dumps(run_sources(s, _cluster(s), seconds=seconds, rate=rate), indent=2))
 
 
 @app.command()
@@ -175,7 +179,7 @@ def verify(job: JobOpt = None, bootstrap: BootstrapOpt = None,
     from streamjoin.services.spark.verify import run_verify
 
     s = _settings(job, bootstrap=bootstrap)
-    result = run_verify(s, _need_bootstrap(s), report_path=report, plot_path=plot)
+    result = run_verify(s, _cluster(s), report_path=report, plot_path=plot)
     print(json.dumps(result, indent=2))
     raise typer.Exit(0 if result["verified"] else 1)
 
@@ -212,7 +216,7 @@ def plan_ring(
     if s.join.mode != "ring":
         console.print(f"[red]error:[/red] {job_file} has join.mode={s.join.mode!r}; `plan ring` needs join.mode: ring")
         raise typer.Exit(2)
-    plan = make_plan(s, s.bootstrap)
+    plan = make_plan(s, _cluster(s) if s.bootstrap else None)
     if as_json:
         print(json.dumps(plan, indent=2))
     else:
@@ -221,13 +225,12 @@ def plan_ring(
 
 def _ring_change(action: str, worker_id: str, job: Path | None, bootstrap: str | None) -> None:
     from streamjoin.schemas import control
-    from streamjoin.services import kafka
 
     s = _settings(job, bootstrap=bootstrap)
     if s.join.mode != "ring":
         console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; ring commands need join.mode: ring")
         raise typer.Exit(2)
-    p = kafka.producer(_need_bootstrap(s))
+    p = _cluster(s).producer()
     change = control.RingChange(action=action, worker=worker_id)  # type: ignore[arg-type]
     p.produce(s.control_topic, value=control.encode(change), key=b"ring-change", partition=0)
     if p.flush(30):

@@ -42,7 +42,8 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
             "worker": job.worker.model_copy(update={"state_dir": workdir / "state"}),
             "coordinator": job.coordinator.model_copy(update={"expected_workers": workers}),
         })
-        topics.ensure(kafka.admin(bootstrap), job)
+        cluster = kafka.Cluster.of(job)
+        topics.ensure(cluster.admin(), job)
         fleet = Fleet(job, write_job(job, workdir / "job.yaml"), bootstrap, report_path.parent / "logs")
         stack.callback(fleet.stop_all)
         ids = [f"worker-{i}" for i in range(workers)]
@@ -52,14 +53,14 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
                 fleet.start_worker(w)
             fleet.wait_assigned(ids)
         console.print(f"running Spark sources for {seconds:.0f}s")
-        produced = run_sources(job, bootstrap, seconds=seconds, rate=rate)
+        produced = run_sources(job, cluster, seconds=seconds, rate=rate)
         with Progress(SpinnerColumn(), TextColumn("draining"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=console) as progress:
             task = progress.add_task("drain", total=None)
             wait_drained(job, bootstrap, fleet, on_progress=lambda d, t: progress.update(task, completed=d, total=t))
         fleet.assert_running()
         console.print("running Spark verify")
-        result = run_verify(job, bootstrap, report_path=report_path, plot_path=report_path.with_suffix(".png"))
+        result = run_verify(job, cluster, report_path=report_path, plot_path=report_path.with_suffix(".png"))
         result["sources"] = produced
         report_path.write_text(json.dumps(result, indent=2))
         return result

@@ -105,7 +105,7 @@ class Fleet:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.assert_running()
-            beats = latest_heartbeats(self.job, self.bootstrap, window_s=5)
+            beats = latest_heartbeats(self.job, kafka.Cluster.of(self.job, self.bootstrap), window_s=5)
             held = [g for w in workers if w in beats for g in beats[w].groups]
             if sorted(held) == list(range(self.job.partitions)):
                 return
@@ -114,12 +114,12 @@ class Fleet:
 
 
 def input_end_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:
-    return kafka.end_offsets(bootstrap, [(t, p) for t in job.input_topics for p in range(job.partitions)],
+    return kafka.end_offsets(kafka.Cluster.of(job, bootstrap), [(t, p) for t in job.input_topics for p in range(job.partitions)],
                              f"{job.consumer_group}-probe")
 
 
 def committed_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:
-    c = kafka.consumer(bootstrap, job.consumer_group)
+    c = kafka.Cluster.of(job, bootstrap).consumer(job.consumer_group)
     try:
         tps = [TopicPartition(t, p) for t in job.input_topics for p in range(job.partitions)]
         return {(tp.topic, tp.partition): tp.offset for tp in c.committed(tps, timeout=30)}
@@ -151,7 +151,7 @@ def wait_layout(job: JobSettings, bootstrap: str, fleet: Fleet, layout: list[str
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         fleet.assert_running()
-        beats = latest_heartbeats(job, bootstrap, window_s=3)
+        beats = latest_heartbeats(job, kafka.Cluster.of(job, bootstrap), window_s=3)
         if any(b.ring_layout == layout for b in beats.values()):
             return
         time.sleep(0.5)
@@ -167,7 +167,7 @@ def wait_ring_quiet(job: JobSettings, bootstrap: str, fleet: Fleet, timeout: flo
         fleet.assert_running()
         done = committed_offsets(job, bootstrap)
         behind = sum(max(0, e - max(done.get(k, 0), 0)) for k, e in ends.items())
-        beats = latest_heartbeats(job, bootstrap, window_s=3)
+        beats = latest_heartbeats(job, kafka.Cluster.of(job, bootstrap), window_s=3)
         head = [b for b in beats.values() if b.ring_layout]
         quiet = quiet + 1 if behind == 0 and head and not any(b.ring_busy for b in head) else 0
         if quiet >= 3:

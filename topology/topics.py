@@ -26,11 +26,14 @@ def plan(job: JobSettings) -> list[TopicPlan]:
     p = job.partitions
     topics = [TopicPlan(t, p, {}) for t in job.input_topics]
     topics += [
-        TopicPlan(job.results_topic, p, {}),  # partition g holds group g's result blocks
+        TopicPlan(job.results_topic, p, {}),  # partition g holds group g's results
+        TopicPlan(job.commits_topic, p, {"cleanup.policy": "compact"}),  # partition g: group g's batch commits
         TopicPlan(job.dead_letter_topic, p, {}),
         TopicPlan(job.control_topic, 1, {}),  # one partition: heartbeats and assignments in order
         TopicPlan(job.placement_topic, 1, {"cleanup.policy": "compact"}),
     ]
+    if job.join.mode == "hash":  # partition g: records re-routed to group g by their join key
+        topics += [TopicPlan(job.by_key_topic(s), p, {}) for s in job.streams]
     return topics
 
 

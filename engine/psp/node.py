@@ -24,7 +24,7 @@ from streamjoin.engine.psp.messages import Build, End, Message, Partial, Probe, 
 from streamjoin.engine.psp.plan import REF_COLUMNS, RingPlan, count_column, prefixed
 from streamjoin.engine.psp.probe import T_COL, ProbeFailures, extend
 from streamjoin.engine.psp.slices import G, NodeSlices, ages
-from streamjoin.engine.result_ids import result_ids
+from streamjoin.engine.result_ids import result_head
 
 
 @dataclass
@@ -175,13 +175,8 @@ def empty_results(plan: RingPlan, templates: list[Block]) -> Block:
 
 def assemble(plan: RingPlan, rows: Block, now_ms: int) -> Block:
     """Complete combinations -> the result block every mode writes (schemas/results.py)."""
-    n = len(rows)
-    head = {
-        "result_id": result_ids([s.topic for s in plan.streams], [rows[prefixed(i, PART)] for i in range(plan.m)],
-                                [rows[prefixed(i, OFF)] for i in range(plan.m)]),
-        "event_time": rows[T_COL],
-        "produced_ms": np.full(n, now_ms, dtype=np.int64),
-    }
+    head = result_head([s.topic for s in plan.streams], [rows[prefixed(i, PART)] for i in range(plan.m)],
+                       [rows[prefixed(i, OFF)] for i in range(plan.m)], rows[T_COL], now_ms)
     cols: dict[str, np.ndarray] = {}
     for i, s in enumerate(plan.streams):
         cols[f"{s.name}.partition"] = rows[prefixed(i, PART)]

@@ -23,24 +23,25 @@ log = structlog.get_logger("streamjoin.coordinator")
 
 
 class Coordinator:
-    def __init__(self, job: JobSettings, bootstrap: str, metrics_port: int | None = None) -> None:
-        self.job, self.bootstrap = job, bootstrap
+    def __init__(self, job: JobSettings, cluster: kafka.Cluster, metrics_port: int | None = None) -> None:
+        self.job = job
         self.metrics_port = job.coordinator.metrics_port if metrics_port is None else metrics_port
-        self.control_in = kafka.consumer(bootstrap, f"{job.consumer_group}-coordinator")
-        self.out = kafka.producer(bootstrap)
+        self.cluster = cluster
+        self.control_in = self.cluster.consumer(f"{job.consumer_group}-coordinator")
+        self.out = self.cluster.producer()
         self.placement: dict[int, str] = {}
         self.epoch = 0
         self.last_seen: dict[str, float] = {}
         self.health = metrics.HealthState()
         self.stopping = False
-        self.ring = RingCoordination(job, bootstrap, self.out) if job.join.mode == "ring" else None
+        self.ring = RingCoordination(job, self.cluster, self.out) if job.join.mode == "ring" else None
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         metrics.serve(self.metrics_port, self.health)
-        kafka.wait_for_broker(self.bootstrap, log)
-        topics.ensure(kafka.admin(self.bootstrap), self.job)
-        self.placement, self.epoch = placing.load(self.job, self.bootstrap)
+        kafka.wait_for_broker(self.cluster, log)
+        topics.ensure(self.cluster.admin(), self.job)
+        self.placement, self.epoch = placing.load(self.job, self.cluster)
         log.info("coordinator started", groups_placed=len(self.placement), epoch=self.epoch)
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
         self.health.ready, self.health.detail = True, "running"
@@ -88,5 +89,5 @@ class Coordinator:
         metrics.GROUPS_PLACED.set(len(self.placement))
 
 
-def run_coordinator(job: JobSettings, bootstrap: str, metrics_port: int | None = None) -> None:
-    Coordinator(job, bootstrap, metrics_port).run()
+def run_coordinator(job: JobSettings, cluster: kafka.Cluster, metrics_port: int | None = None) -> None:
+    Coordinator(job, cluster, metrics_port).run()

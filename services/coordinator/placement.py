@@ -20,11 +20,11 @@ def groups_of(placement: dict[int, str], worker: str) -> list[int]:
     return sorted(g for g, w in placement.items() if w == worker)
 
 
-def load(job: JobSettings, bootstrap: str) -> tuple[dict[int, str], int]:
+def load(job: JobSettings, cluster: kafka.Cluster) -> tuple[dict[int, str], int]:
     """The stored placement and its epoch (0 when none has been made)."""
     placement: dict[int, str] = {}
     epoch = 0
-    for m in kafka.read_partition(bootstrap, job.placement_topic, 0, 0, f"{job.consumer_group}-placement"):
+    for m in kafka.read_partition(cluster, job.placement_topic, 0, 0, f"{job.consumer_group}-placement"):
         if m.value() is None:
             continue
         p = Placement.model_validate_json(m.value())

@@ -10,6 +10,7 @@ import structlog
 from confluent_kafka import Producer
 
 from streamjoin.schemas import control
+from streamjoin.services.kafka import Cluster
 from streamjoin.services.coordinator.ring_plan import calibrate, choose_ring_size
 from streamjoin.settings import JobSettings
 
@@ -17,8 +18,8 @@ log = structlog.get_logger("streamjoin.coordinator.ring")
 
 
 class RingCoordination:
-    def __init__(self, job: JobSettings, bootstrap: str, out: Producer) -> None:
-        self.job, self.bootstrap, self.out = job, bootstrap, out
+    def __init__(self, job: JobSettings, cluster: Cluster, out: Producer) -> None:
+        self.job, self.cluster, self.out = job, cluster, out
         self.layout: list[str] = []
         self.orders: list[list[int]] = []
         self.epoch = 0
@@ -48,7 +49,7 @@ class RingCoordination:
         self._send()
 
     def _start(self, alive: list[str]) -> None:
-        measured = calibrate(self.job, self.bootstrap)
+        measured = calibrate(self.job, self.cluster)
         wanted = self.job.ring.nodes if isinstance(self.job.ring.nodes, int) else choose_ring_size(self.job, measured)
         self.layout = sorted(alive)[:max(1, min(wanted, len(alive)))]
         self.orders = [list(o) for o in measured.orders]

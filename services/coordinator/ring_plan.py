@@ -18,7 +18,7 @@ What `calibrate` measures:
   T_s  schemas.codecs.encode_block + decode_block of a sample block, per tuple
        (a hop record is a block, so the client's per-record cost is shared by
        many tuples and left out).
-  T_n  with a bootstrap: the median produce -> consume trip of one small record
+  T_n  with a cluster: the median produce -> consume trip of one small record
        through the broker on a throwaway one-partition topic (a ring hop);
        without: DEFAULT_T_N, and the plan says `T_n_source: default`.
   lambda_i, W_i  workload.rate and each stream's window (rows / rate for counts).
@@ -74,7 +74,7 @@ Partial = dict[int, np.ndarray]  # member stream -> its sample rows, aligned
 
 # ------------------------------------------------------------ calibration
 
-def calibrate(job: JobSettings, bootstrap: str | None, *, sample_rows: int = SAMPLE_ROWS,
+def calibrate(job: JobSettings, cluster: kafka.Cluster | None, *, sample_rows: int = SAMPLE_ROWS,
               step_budget_s: float = STEP_BUDGET_S) -> Measurements:
     """Table 1's terms for `job` on this machine (see the module docstring for how)."""
     names = [s.name for s in job.streams]
@@ -91,7 +91,7 @@ def calibrate(job: JobSettings, bootstrap: str | None, *, sample_rows: int = SAM
     weights = np.asarray(rates) / sum(rates)
     t_i, t_p = (weights @ np.array([_slice_costs(job, b, r) for b, r in zip(blocks, rates)])).tolist()
     t_s, tuple_bytes = (weights @ np.array([_codec_costs(b) for b in blocks])).tolist()
-    t_n = _hop_latency(job, bootstrap, encode_block(blocks[0].take(np.arange(1)))) if bootstrap else DEFAULT_T_N
+    t_n = _hop_latency(job, cluster, encode_block(blocks[0].take(np.arange(1)))) if cluster else DEFAULT_T_N
     return Measurements(
         T_j=_weighted_t_j(rates, windows, orders, sels, chains), T_p=t_p, T_i=t_i, T_s=t_s, T_n=t_n,
         rates=rates, windows=windows, orders=orders, selectivities=sels, tuple_bytes=tuple_bytes)
@@ -237,13 +237,13 @@ def _codec_costs(block: Block) -> tuple[float, float]:
             len(data) / len(block))
 
 
-def _hop_latency(job: JobSettings, bootstrap: str, payload: bytes) -> float:
+def _hop_latency(job: JobSettings, cluster: kafka.Cluster, payload: bytes) -> float:
     """Median produce -> consume trip on a throwaway one-partition topic: one ring hop."""
     topic = f"{job.job}.ring.calibrate-{uuid.uuid4().hex[:8]}"
-    admin = kafka.admin(bootstrap)
+    admin = cluster.admin()
     admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=HOP_TIMEOUT_S)[topic].result(HOP_TIMEOUT_S)
-    producer = kafka.producer(bootstrap)
-    consumer = kafka.consumer(bootstrap, f"{job.consumer_group}-calibrate")
+    producer = cluster.producer()
+    consumer = cluster.consumer(f"{job.consumer_group}-calibrate")
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         pauses = np.random.default_rng(job.workload.seed).uniform(0, HOP_JITTER_S, HOP_WARMUP + HOP_TRIPS)
@@ -281,16 +281,16 @@ def choose_ring_size(job: JobSettings, measurements: Measurements) -> int:
     return cost_model.best_ring_size(cost_model.size_table(measurements, job.ring.max_nodes))
 
 
-def plan_ring(job: JobSettings, bootstrap: str | None) -> dict[str, Any]:
+def plan_ring(job: JobSettings, cluster: kafka.Cluster | None) -> dict[str, Any]:
     """Calibrate, then equations 1-6 for N = 1..ring.max_nodes, as a JSON-able dict."""
-    m = calibrate(job, bootstrap)
+    m = calibrate(job, cluster)
     names = [s.name for s in job.streams]
     rows = cost_model.size_table(m, job.ring.max_nodes)
     pt = cost_model.per_tuple(m)
     size = cost_model.optimal_ring_size(m.m, m.T_n, pt.l_c, m.T_s * pt.transfers, job.ring.max_nodes)
     return {
         "job": job.job,
-        "measurements": _measurements_json(m, names, "measured" if bootstrap else "default"),
+        "measurements": _measurements_json(m, names, "measured" if cluster else "default"),
         "join_order": {names[a]: [names[i] for i in order] for a, order in enumerate(m.orders)},
         "per_tuple": {"L_C_s": pt.l_c, "hop_tuples": pt.transfers, "results": pt.results},
         "offered_load": sum(m.rates),

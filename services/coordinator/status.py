@@ -12,15 +12,15 @@ from streamjoin.services.coordinator import placement as placing
 from streamjoin.settings import JobSettings
 
 
-def latest_heartbeats(job: JobSettings, bootstrap: str, window_s: float = 30.0) -> dict[str, control.Heartbeat]:
-    c = kafka.consumer(bootstrap, f"{job.consumer_group}-status")
+def latest_heartbeats(job: JobSettings, cluster: kafka.Cluster, window_s: float = 30.0) -> dict[str, control.Heartbeat]:
+    c = cluster.consumer(f"{job.consumer_group}-status")
     try:
         since = int((time.time() - window_s) * 1000)
         start = c.offsets_for_times([TopicPartition(job.control_topic, 0, since)], timeout=10)[0].offset
     finally:
         c.close()
     beats: dict[str, control.Heartbeat] = {}
-    for m in kafka.read_partition(bootstrap, job.control_topic, 0, max(start, 0), f"{job.consumer_group}-status",
+    for m in kafka.read_partition(cluster, job.control_topic, 0, max(start, 0), f"{job.consumer_group}-status",
                                   idle_timeout=1.0):
         msg = control.decode_control(m.value())
         if isinstance(msg, control.Heartbeat):
@@ -28,9 +28,9 @@ def latest_heartbeats(job: JobSettings, bootstrap: str, window_s: float = 30.0) 
     return beats
 
 
-def snapshot(job: JobSettings, bootstrap: str) -> dict:
-    placement, epoch = placing.load(job, bootstrap)
-    beats = latest_heartbeats(job, bootstrap)
+def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
+    placement, epoch = placing.load(job, cluster)
+    beats = latest_heartbeats(job, cluster)
     now_ms = time.time() * 1000
     workers = sorted(set(placement.values()) | set(beats))
     rows = []

@@ -2,13 +2,14 @@
 that run confluent-kafka inside the executors.
 
 `streamjoin-kafka` is one data source with
-  - a batch reader: options `bootstrap`, `topics` (comma list), `isolation`
+  - a batch reader: options `bootstrap`, `client` (JSON object of the job's
+    librdkafka settings, see `options`), `topics` (comma list), `isolation`
     (read_committed | read_uncommitted, default read_committed) and
     `timeout_s` (how long a partition may sit below its planned end, e.g.
     behind an open transaction, before the read fails; default 60). It reads
     every partition from its low to its high watermark as of planning, one
     Spark partition per Kafka partition, into `RECORD_SCHEMA` rows;
-  - a batch and a streaming writer: option `bootstrap`; input columns
+  - a batch and a streaming writer: options `bootstrap` and `client`; input columns
     `topic`, `key`, `value` and optionally `partition`. Records are keyed with
     Kafka's default (murmur2) partitioner, so a key lands in the same
     partition index of every input topic, as the workers expect.
@@ -20,6 +21,7 @@ classpath anyway, so callers may prefer it without ever requiring it.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -40,6 +42,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType
+
+from streamjoin.services.kafka import Cluster
 
 NAME = "streamjoin-kafka"
 RECORD_SCHEMA = StructType([
@@ -70,6 +74,18 @@ class ProducedCount(WriterCommitMessage):
     records: int
 
 
+def options(cluster: Cluster) -> dict[str, str]:
+    """Spark options that reach `cluster` with the job's client settings, for this source
+    (`bootstrap`, `client`) and for Spark's JVM Kafka connector (`kafka.<property>`)."""
+    jvm = {f"kafka.{k}": str(v) for k, v in cluster.client.items()}
+    return {"bootstrap": cluster.bootstrap, "client": json.dumps(dict(cluster.client)),
+            "kafka.bootstrap.servers": cluster.bootstrap, **jvm}
+
+
+def _cluster(options: dict) -> Cluster:
+    return Cluster(_option(options, "bootstrap"), json.loads(options.get("client") or "{}"))
+
+
 def _option(options: dict, name: str) -> str:
     value = options.get(name)
     if not value:
@@ -79,7 +95,7 @@ def _option(options: dict, name: str) -> str:
 
 class KafkaReader(DataSourceReader):
     def __init__(self, options: dict, schema: StructType) -> None:
-        self.bootstrap = _option(options, "bootstrap")
+        self.cluster = _cluster(options)
         self.topics = [t.strip() for t in _option(options, "topics").split(",") if t.strip()]
         self.isolation = options.get("isolation", "read_committed")
         self.timeout_s = float(options.get("timeout_s", "60"))
@@ -87,18 +103,18 @@ class KafkaReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         """Captures every partition's end offset now: the read is this snapshot."""
-        ends = _end_offsets(self.bootstrap, self.isolation, self.topics, self.timeout_s)
-        starts = _start_offsets(self.bootstrap, list(ends))
+        ends = _end_offsets(self.cluster, self.isolation, self.topics, self.timeout_s)
+        starts = _start_offsets(self.cluster, list(ends))
         return [KafkaSlice(t, p, starts[t, p], end) for (t, p), end in sorted(ends.items()) if end > starts[t, p]]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # With no records at all Spark still runs one task, with a plain InputPartition.
         if isinstance(partition, KafkaSlice):
-            yield from _read_slice(self.bootstrap, self.isolation, self.timeout_s, partition,
+            yield from _read_slice(self.cluster, self.isolation, self.timeout_s, partition,
                                    to_arrow_schema(self.schema, timezone="UTC"))
 
 
-def _end_offsets(bootstrap: str, isolation: str, topics: list[str], timeout_s: float) -> dict[tuple[str, int], int]:
+def _end_offsets(cluster: Cluster, isolation: str, topics: list[str], timeout_s: float) -> dict[tuple[str, int], int]:
     """End offset of every partition, as the brokers' fetch responses state it.
 
     Not ListOffsets: Tansu answers that with the last batch's base offset + 1,
@@ -109,16 +125,14 @@ def _end_offsets(bootstrap: str, isolation: str, topics: list[str], timeout_s: f
     """
     from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 
-    from streamjoin.services.kafka import consumer
-
-    c = consumer(bootstrap, f"streamjoin-plan-{uuid.uuid4().hex}",
-                 **{"isolation.level": isolation, "enable.partition.eof": True})
+    c = cluster.consumer(f"streamjoin-plan-{uuid.uuid4().hex}",
+                         **{"isolation.level": isolation, "enable.partition.eof": True})
     try:
         metadata = c.list_topics(timeout=30).topics
         wanted = []
         for topic in topics:
             if topic not in metadata or metadata[topic].error is not None:
-                raise ValueError(f"topic {topic!r} does not exist on {bootstrap}")
+                raise ValueError(f"topic {topic!r} does not exist on {cluster.bootstrap}")
             wanted += [TopicPartition(topic, p, OFFSET_END) for p in sorted(metadata[topic].partitions)]
         c.assign(wanted)
         ends: dict[tuple[str, int], int] = {}
@@ -131,34 +145,30 @@ def _end_offsets(bootstrap: str, isolation: str, topics: list[str], timeout_s: f
                 elif err is not None:
                     raise KafkaException(err)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no end of partition from {bootstrap} within {timeout_s}s for "
+                raise TimeoutError(f"no end of partition from {cluster.bootstrap} within {timeout_s}s for "
                                    f"{len(wanted) - len(ends)} of {len(wanted)} partitions of {topics}")
         return ends
     finally:
         c.close()
 
 
-def _start_offsets(bootstrap: str, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+def _start_offsets(cluster: Cluster, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
     """Low watermarks in one request; read tasks then start at a number, as the
     symbolic OFFSET_BEGINNING costs each task a slow offset lookup of its own."""
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    from streamjoin.services.kafka import admin
-
-    client = admin(bootstrap)  # held until the answers are in: a collected client never resolves its futures
+    client = cluster.admin()  # held until the answers are in: a collected client never resolves its futures
     futures = client.list_offsets({TopicPartition(t, p): OffsetSpec.earliest() for t, p in partitions},
                                   request_timeout=30)
     return {(tp.topic, tp.partition): f.result(timeout=60).offset for tp, f in futures.items()}
 
 
-def _read_slice(bootstrap: str, isolation: str, timeout_s: float, part: KafkaSlice,
+def _read_slice(cluster: Cluster, isolation: str, timeout_s: float, part: KafkaSlice,
                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import KafkaException, TopicPartition
 
-    from streamjoin.services.kafka import consumer
-
-    c = consumer(bootstrap, f"streamjoin-read-{uuid.uuid4().hex}", **{"isolation.level": isolation})
+    c = cluster.consumer(f"streamjoin-read-{uuid.uuid4().hex}", **{"isolation.level": isolation})
     tp = TopicPartition(part.topic, part.partition)
     try:
         c.assign([TopicPartition(part.topic, part.partition, part.start)])
@@ -212,19 +222,18 @@ def _to_batch(part: KafkaSlice, records: list, schema: pa.Schema) -> pa.RecordBa
 _PRODUCERS: dict[str, Any] = {}
 
 
-def _shared_producer(bootstrap: str) -> Any:
-    from streamjoin.services.kafka import producer
-
-    if bootstrap not in _PRODUCERS:
-        _PRODUCERS[bootstrap] = producer(bootstrap)
-    return _PRODUCERS[bootstrap]
+def _shared_producer(cluster: Cluster) -> Any:
+    key = repr(sorted((cluster.bootstrap, *map(str, cluster.client.items()))))
+    if key not in _PRODUCERS:
+        _PRODUCERS[key] = cluster.producer()
+    return _PRODUCERS[key]
 
 
 class _Producing:
     """Write side shared by the batch and the streaming writer."""
 
     def __init__(self, options: dict, schema: StructType) -> None:
-        self.bootstrap = _option(options, "bootstrap")
+        self.cluster = _cluster(options)
         names = set(schema.fieldNames())
         missing = {"topic", "key", "value"} - names
         if missing:
@@ -239,7 +248,7 @@ class _Producing:
             if err is not None:
                 errors.append(str(err))
 
-        p = _shared_producer(self.bootstrap)
+        p = _shared_producer(self.cluster)
         count = 0
         for batch in iterator:
             cols = batch.to_pydict()

@@ -43,7 +43,9 @@ from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, Lo
                                StructType)
 
 from streamjoin.schemas.codecs import arrow_schema
+from streamjoin.services.kafka import Cluster
 from streamjoin.services.spark.kafka_source import NAME as KAFKA, jvm_kafka_available, local_session
+from streamjoin.services.spark.kafka_source import options as kafka_options
 from streamjoin.services.workloads import Columns, generate
 from streamjoin.settings import JobSettings, StreamSpec
 
@@ -287,17 +289,17 @@ def _sink_format(spark: SparkSession) -> str:
     return "kafka" if jvm_kafka_available(spark) else KAFKA
 
 
-def start_query(spark: SparkSession, job: JobSettings, bootstrap: str, seconds: float, rate: float,
+def start_query(spark: SparkSession, job: JobSettings, cluster: Cluster, seconds: float, rate: float,
                 checkpoint: str) -> StreamingQuery:
     """Start the generator → Kafka streaming query."""
     generated = (spark.readStream.format(WORKLOAD).option("job", job.model_dump_json())
                  .option("rate", rate).option("seconds", seconds).load())
     return (records(generated, job).writeStream.format(_sink_format(spark))
-            .option("bootstrap", bootstrap).option("kafka.bootstrap.servers", bootstrap)
+            .options(**kafka_options(cluster))
             .option("checkpointLocation", checkpoint).trigger(processingTime=TRIGGER).start())
 
 
-def run_sources(job: JobSettings, bootstrap: str, seconds: float | None = None, rate: float | None = None,
+def run_sources(job: JobSettings, cluster: Cluster, seconds: float | None = None, rate: float | None = None,
                 show_progress: bool = True) -> dict:
     """Write `seconds` of the job's workload into its input topics; returns
     {"records": {stream: tuples written}, "seconds": event-time span generated,
@@ -327,7 +329,7 @@ def run_sources(job: JobSettings, bootstrap: str, seconds: float | None = None, 
     began = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-sources-") as checkpoint, progress:
-            query = start_query(spark, job, bootstrap, seconds, rate, checkpoint)
+            query = start_query(spark, job, cluster, seconds, rate, checkpoint)
             tracker.query_id = str(query.id)
             # Progress events lag the batches a little; the query's own end is the backstop.
             while not tracker.finished.wait(0.2) and query.isActive:

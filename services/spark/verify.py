@@ -37,7 +37,9 @@ from streamjoin.engine.predicates import UDF_ERROR, Term, compile_terms, evaluat
 from streamjoin.schemas.codecs import BLOCK_SHIFT, arrow_schema
 from streamjoin.schemas.results import (EVENT_TIME, H_GROUP, H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, H_WM, PRODUCED_MS,
                              RESULT_ID, ref_columns)
+from streamjoin.services.kafka import Cluster
 from streamjoin.services.spark.kafka_source import NAME as KAFKA, local_session
+from streamjoin.services.spark.kafka_source import options as kafka_options
 from streamjoin.settings import JobSettings, StreamSpec, WindowSpec
 
 # Field types as JSON records carry them (bytes as text), for from_json.
@@ -117,9 +119,9 @@ def expected_join(inputs: Sequence[DataFrame], windows: Sequence[WindowSpec],
 # ---------------------------------------------------------------- reading Kafka
 
 
-def _read(spark: SparkSession, bootstrap: str, topics: list[str]) -> DataFrame:
+def _read(spark: SparkSession, cluster: Cluster, topics: list[str]) -> DataFrame:
     """One snapshot of all the topics, pinned so every later step sees the same records."""
-    return (spark.read.format(KAFKA).option("bootstrap", bootstrap).option("topics", ",".join(topics))
+    return (spark.read.format(KAFKA).options(**kafka_options(cluster)).option("topics", ",".join(topics))
             .load().localCheckpoint(eager=True))
 
 
@@ -719,12 +721,12 @@ def _check_formats(job: JobSettings) -> None:
                          f"streams {unsupported} use another format")
 
 
-def run_verify(job: JobSettings, bootstrap: str, report_path: Path | None = None,
+def run_verify(job: JobSettings, cluster: Cluster, report_path: Path | None = None,
                plot_path: Path | None = None) -> dict:
     """Verify the job's results topic against the exact join of its inputs; returns the report."""
     _check_formats(job)
     spark = local_session("streamjoin-verify")
-    raw = _read(spark, bootstrap, [*job.input_topics, job.results_topic, job.dead_letter_topic])
+    raw = _read(spark, cluster, [*job.input_topics, job.results_topic, job.dead_letter_topic])
     checked, delays = (_verify_ring if job.join.mode == "ring" else _verify_hash)(job, raw)
     report = {"job": job.job, "streams": _stream_info(job), **checked}
     report["verified"] = all(report[k] == 0 for k in ("missing", "extra", "duplicates", "bad_ids", "lost"))

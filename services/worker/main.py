@@ -44,18 +44,18 @@ def stream_templates(job: JobSettings) -> list:
 
 
 class Worker:
-    def __init__(self, job: JobSettings, bootstrap: str, worker_id: str, metrics_port: int | None = None) -> None:
-        self.job, self.bootstrap, self.worker_id = job, bootstrap, worker_id
+    def __init__(self, job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
+        self.job, self.cluster, self.worker_id = job, cluster, worker_id
         self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
         self.plan = join_plan(job)
         self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
                                    stream_templates(job), job.worker.hot_bytes)
         self.topic_stream = {job.topic_of(s): i for i, s in enumerate(job.streams)}
-        self.consumer = kafka.consumer(bootstrap, job.consumer_group)
-        self.emitter = Emitter(job, kafka.producer(bootstrap, f"{job.job}-{worker_id}"
+        self.consumer = cluster.consumer(job.consumer_group)
+        self.emitter = Emitter(job, cluster.producer(f"{job.job}-{worker_id}"
                                                    if job.worker.exactly_once else None), worker_id)
-        self.control_in = kafka.consumer(bootstrap, f"{job.consumer_group}-{worker_id}-control")
-        self.control_out = kafka.producer(bootstrap)
+        self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
+        self.control_out = cluster.producer()
         self.groups: set[int] = set()
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int]]] = {}
@@ -69,7 +69,7 @@ class Worker:
         server = metrics.serve(self.metrics_port, self.health)
         metrics.HOT_LIMIT.set(self.job.worker.hot_bytes)
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
-        kafka.wait_for_broker(self.bootstrap, log)
+        kafka.wait_for_broker(self.cluster, log)
         self._wait_for_topics()
         self.emitter.start()
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
@@ -95,7 +95,7 @@ class Worker:
         """Workers may start before the coordinator has created the topics."""
         while True:
             try:
-                topics.check(kafka.admin(self.bootstrap), self.job)
+                topics.check(self.cluster.admin(), self.job)
                 return
             except topics.TopologyError as e:
                 log.warning("topics not ready; waiting", error=str(e))
@@ -194,7 +194,7 @@ class Worker:
         """Recovery reads Kafka; while the broker is away, wait for it and try again."""
         while True:
             try:
-                recovered = recover_group(self.job, self.bootstrap, self.plan, self.store, self.emitter, group)
+                recovered = recover_group(self.job, self.cluster, self.plan, self.store, self.emitter, group)
                 if recovered.replayed:
                     # The replayed batches' offsets died with their transaction: commit them now,
                     # or lag would never reach zero for a group that gets no new input.
@@ -204,7 +204,7 @@ class Worker:
             except KafkaException as e:
                 log.warning("recovery interrupted by the broker; retrying", group=group, error=str(e))
                 self.store.forget(group)
-                kafka.wait_for_broker(self.bootstrap, log)
+                kafka.wait_for_broker(self.cluster, log)
 
     def _observe(self, batches: list[GroupBatch], seconds: float) -> None:
         metrics.BATCH_SECONDS.observe(seconds)
@@ -246,5 +246,5 @@ class Worker:
         return lag
 
 
-def run_worker(job: JobSettings, bootstrap: str, worker_id: str, metrics_port: int | None = None) -> None:
-    Worker(job, bootstrap, worker_id, metrics_port).run()
+def run_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
+    Worker(job, cluster, worker_id, metrics_port).run()

@@ -41,19 +41,19 @@ class Recovered:
     replayed: int  # batches replayed; their input offsets may never have been committed
 
 
-def recover_group(job: JobSettings, bootstrap: str, plan: JoinPlan, store: WindowedStore, emitter: Emitter,
+def recover_group(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: WindowedStore, emitter: Emitter,
                   group: int) -> Recovered:
     """Replay batches emitted but not checkpointed; report dead letters already written."""
     state = store.get(group)
     ck = state.checkpoint
-    emitted = _emitted_batches(job, bootstrap, group, ck.results_next, ck.seq)
+    emitted = _emitted_batches(job, cluster, group, ck.results_next, ck.seq)
     for batch in emitted:
         if batch.header.seq != state.checkpoint.seq + 1:
             raise RuntimeError(
                 f"group {group}: results hold batch {batch.header.seq} but state is at {state.checkpoint.seq}; "
                 "the state directory does not belong to this results topic (wipe it or use a fresh job name)"
             )
-        buffers = _read_inputs(job, bootstrap, group, state.checkpoint.end, batch.header.end)
+        buffers = _read_inputs(job, cluster, group, state.checkpoint.end, batch.header.end)
         replayed = run_cycle(job, plan, store, buffers, now_ms=0)
         if [b.group for b in replayed] != [group] or replayed[0].end != batch.header.end:
             raise RuntimeError(f"group {group}: replay of batch {batch.header.seq} did not reach its recorded boundary")
@@ -68,14 +68,14 @@ def recover_group(job: JobSettings, bootstrap: str, plan: JoinPlan, store: Windo
         tx.commit()
         metrics.RECOVERED_BATCHES.inc()
         log.info("group %d: replayed batch %d (%d results already emitted)", group, gb.seq, len(gb.results))
-    written = _dead_letters_written(job, bootstrap, group, store.get(group).checkpoint.dead_letter_next)
+    written = _dead_letters_written(job, cluster, group, store.get(group).checkpoint.dead_letter_next)
     return Recovered(written, len(emitted))
 
 
-def _emitted_batches(job: JobSettings, bootstrap: str, group: int, start: int,
+def _emitted_batches(job: JobSettings, cluster: kafka.Cluster, group: int, start: int,
                      applied_seq: int) -> list[EmittedBatch]:
     batches: dict[int, EmittedBatch] = {}
-    for m in kafka.read_partition(bootstrap, job.results_topic, group, start, f"{job.consumer_group}-recovery"):
+    for m in kafka.read_partition(cluster, job.results_topic, group, start, f"{job.consumer_group}-recovery"):
         h = BatchHeader.decode(m.headers())
         if h.seq <= applied_seq:
             continue
@@ -85,11 +85,11 @@ def _emitted_batches(job: JobSettings, bootstrap: str, group: int, start: int,
     return [batches[s] for s in sorted(batches)]
 
 
-def _read_inputs(job: JobSettings, bootstrap: str, group: int, start: dict[str, int],
+def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: dict[str, int],
                  end: dict[str, int]) -> dict[int, RecordBuffer]:
     """The records of one batch: from the checkpoint's boundary up to the batch's."""
     buffers: dict[int, RecordBuffer] = {}
-    c = kafka.consumer(bootstrap, f"{job.consumer_group}-recovery")
+    c = cluster.consumer(f"{job.consumer_group}-recovery")
     try:
         wanted = {}
         for i, s in enumerate(job.streams):
@@ -114,9 +114,9 @@ def _read_inputs(job: JobSettings, bootstrap: str, group: int, start: dict[str, 
         c.close()
 
 
-def _dead_letters_written(job: JobSettings, bootstrap: str, group: int, start: int) -> set[tuple[str, int]]:
+def _dead_letters_written(job: JobSettings, cluster: kafka.Cluster, group: int, start: int) -> set[tuple[str, int]]:
     out = set()
-    for m in kafka.read_partition(bootstrap, job.dead_letter_topic, group, start, f"{job.consumer_group}-recovery"):
+    for m in kafka.read_partition(cluster, job.dead_letter_topic, group, start, f"{job.consumer_group}-recovery"):
         h = decode_headers(m.headers())
         out.add((h[H_TOPIC], int(h[H_OFFSET])))
     return out

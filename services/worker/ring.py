@@ -53,7 +53,7 @@ MAX_HOP_BYTES = 4 << 20  # a Build or Partial above this (NumPy bytes) is split;
 def ring_plan(job: JobSettings, orders: tuple[tuple[int, ...], ...] | None = None) -> RingPlan:
     """The query as the ring engine sees it (orders: the head's, from the coordinator)."""
     streams = tuple(RingStream(s.name, job.topic_of(s), s.window.range_ms, s.window.rows,
-                               tuple(f for f, t in s.fields.items() if t != "bytes")) for s in job.streams)
+                               tuple(job.result_fields(s))) for s in job.streams)
     terms = compile_terms([s.name for s in job.streams], job.join.predicate, job.join.udfs)
     m = len(streams)
     return RingPlan(streams, terms, orders or tuple(tuple(j for j in range(m) if j != i) for i in range(m)))
@@ -67,14 +67,14 @@ def ring_templates(job: JobSettings) -> list[Block]:
 
 
 class RingWorker:
-    def __init__(self, job: JobSettings, bootstrap: str, worker_id: str, metrics_port: int | None = None) -> None:
-        self.job, self.bootstrap, self.id = job, bootstrap, worker_id
+    def __init__(self, job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
+        self.job, self.cluster, self.id = job, cluster, worker_id
         self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
         self.plan = ring_plan(job)
         self.node = RingNode(worker_id, self.plan, ring_templates(job))
-        self.hop_in = kafka.consumer(bootstrap, f"{job.consumer_group}-ring-{worker_id}")
-        self.out = kafka.producer(bootstrap)
-        self.control_in = kafka.consumer(bootstrap, f"{job.consumer_group}-{worker_id}-control")
+        self.hop_in = cluster.consumer(f"{job.consumer_group}-ring-{worker_id}")
+        self.out = cluster.producer()
+        self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
         self.local: deque[RingMessage] = deque()
         self.head: RingHead | None = None
         self.result_partition = zlib.crc32(worker_id.encode()) % job.partitions
@@ -89,8 +89,8 @@ class RingWorker:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         server = metrics.serve(self.metrics_port, self.health)
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
-        kafka.wait_for_broker(self.bootstrap, log)
-        ensure_hop_topic(self.job, self.bootstrap, self.id)
+        kafka.wait_for_broker(self.cluster, log)
+        ensure_hop_topic(self.job, self.cluster, self.id)
         self.hop_in.assign([TopicPartition(self.job.hop_topic(self.id), 0, OFFSET_BEGINNING)])
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_BEGINNING)])
         self.health.ready, self.health.detail = True, "running"
@@ -225,7 +225,7 @@ class RingHead:
         self.w, self.job, self.planner = worker, worker.job, planner
         self.target = planner.layout
         m = len(self.job.streams)
-        self.sources = kafka.consumer(worker.bootstrap, self.job.consumer_group)
+        self.sources = worker.cluster.consumer(self.job.consumer_group)
         self.sources.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in self.job.input_topics
                              for p in range(self.job.partitions)])
         self.topic_stream = {t: i for i, t in enumerate(self.job.input_topics)}
@@ -249,7 +249,7 @@ class RingHead:
 
     def resize(self, layout: tuple[str, ...]) -> None:
         for node in layout:
-            ensure_hop_topic(self.job, self.w.bootstrap, node)
+            ensure_hop_topic(self.job, self.w.cluster, node)
         self.planner.resize(layout)
         self.target = layout
         log.info("ring resize planned", layout=list(layout), relocation=self.job.ring.relocation)
@@ -397,9 +397,9 @@ def _empty(block: Block) -> Block:
     return block.take(np.empty(0, np.int64))
 
 
-def ensure_hop_topic(job: JobSettings, bootstrap: str, node: str) -> None:
+def ensure_hop_topic(job: JobSettings, cluster: kafka.Cluster, node: str) -> None:
     """A ring node's inbox: one partition, so its predecessor's messages stay in order."""
-    admin = kafka.admin(bootstrap)
+    admin = cluster.admin()
     name = job.hop_topic(node)
     if name in admin.list_topics(timeout=30).topics:
         return
@@ -411,5 +411,5 @@ def ensure_hop_topic(job: JobSettings, bootstrap: str, node: str) -> None:
                 raise
 
 
-def run_ring_worker(job: JobSettings, bootstrap: str, worker_id: str, metrics_port: int | None = None) -> None:
-    RingWorker(job, bootstrap, worker_id, metrics_port).run()
+def run_ring_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
+    RingWorker(job, cluster, worker_id, metrics_port).run()

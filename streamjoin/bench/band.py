@@ -218,10 +218,10 @@ def sentinel(job: JobSettings, i: int, cols: dict[str, np.ndarray], end_ms: int)
     return Block(row)
 
 
-def produce_backlog(bootstrap: str, job: JobSettings, backlog: Backlog) -> None:
+def produce_backlog(cluster: kafka.Cluster, job: JobSettings, backlog: Backlog) -> None:
     """Write every record to partition 0 of its stream's topic; the offsets the brokers
     gave them make the tuples' offsets ((record offset << BLOCK_SHIFT) | index)."""
-    producer = kafka.producer(bootstrap)
+    producer = cluster.producer()
     offsets: list[list[int]] = [[-1] * len(r) for r in backlog.records]  # the last one: the sentinel
     errors: list[str] = []
 
@@ -297,13 +297,13 @@ def run_ring(env: BenchEnv, backlog: Backlog, nodes: int, plan: Plan, consume: b
     case = backlog.case
     with fresh_broker(env, f"{case.name}-n{nodes}") as here, ExitStack() as stack:
         job = ring_job(backlog, here, nodes)
-        topics.ensure(kafka.admin(here.bootstrap), job)
+        topics.ensure(here.cluster.admin(), job)
         with env.phase(f"{case.name}: writing {backlog.tuples:,} tuples ({backlog.bytes / 1e6:.0f} MB)"):
-            produce_backlog(here.bootstrap, job, backlog)
+            produce_backlog(here.cluster, job, backlog)
         peer = None
         if consume:
             with env.phase(f"{case.name}: raw consumption of the input topics"):
-                peer = run_kafka_consume(here.bootstrap, job.input_topics, job.partitions, plan.consume_repeats)
+                peer = run_kafka_consume(here.cluster, job.input_topics, job.partitions, plan.consume_repeats)
         with env.phase(f"{case.name}: ring of {nodes} starts and joins the backlog"):
             # Sampling starts with the processes: the ring reads the backlog as soon as its layout is set.
             fleet, ids = ours.start_fleet(here, job, nodes, wait=False)
@@ -316,8 +316,8 @@ def run_ring(env: BenchEnv, backlog: Backlog, nodes: int, plan: Plan, consume: b
             restarts, load_after = fleet.restarts, report.load_average()
             fleet.stop_all()
         with env.phase(f"{case.name}: exactness check of the last {plan.check_triggers} tuples"):
-            check = check_tail(here.bootstrap, job, backlog, plan.check_triggers, finished)
-        dead = sum(kafka.end_offsets(here.bootstrap, [(job.dead_letter_topic, p) for p in range(job.partitions)],
+            check = check_tail(here.cluster, job, backlog, plan.check_triggers, finished)
+        dead = sum(kafka.end_offsets(here.cluster, [(job.dead_letter_topic, p) for p in range(job.partitions)],
                                      f"{job.consumer_group}-bench-dead").values())
     rate = full_window_rate(samples, backlog.full_at(), check["last_produced_s"] if finished else None)
     offered = 2 * case.rate
@@ -371,12 +371,12 @@ def cut_time(backlog: Backlog, k: int) -> int:
     return int(np.partition(every, len(every) - k)[len(every) - k])
 
 
-def check_tail(bootstrap: str, job: JobSettings, backlog: Backlog, k: int, finished: bool) -> dict:
+def check_tail(cluster: kafka.Cluster, job: JobSettings, backlog: Backlog, k: int, finished: bool) -> dict:
     """Results of every tuple with ts >= the cut, recomputed by brute force, against the results topic."""
     if not finished:
         return {"exact": False, "why": "the backlog was not finished within the budget", "last_produced_s": None}
     cut = cut_time(backlog, k)
-    table = results_since(bootstrap, job, cut)
+    table = results_since(cluster, job, cut)
     produced = table.column("produced_ms").to_numpy()
     table = table.filter(pc.greater_equal(table.column("event_time"), cut))
     expected = expected_pairs(backlog, cut)
@@ -405,17 +405,17 @@ def _keys(pairs: np.ndarray) -> np.ndarray:
     return pairs[:, 0].astype(np.int64) * (1 << 32) + pairs[:, 1].astype(np.int64)
 
 
-def results_since(bootstrap: str, job: JobSettings, cut: int, margin_rounds: int = 3) -> pa.Table:
+def results_since(cluster: kafka.Cluster, job: JobSettings, cut: int, margin_rounds: int = 3) -> pa.Table:
     """Result rows of the rounds that may hold triggers at or after `cut`, read from the end of
     the results topic backwards. Records carry their round's release watermark (sj-wm; its
     triggers are older) and round (sj-round); nodes' records of adjacent rounds may interleave,
     so reading goes back `margin_rounds` rounds past the first one that matters."""
     topic, group = job.results_topic, f"{job.consumer_group}-bench-results"
-    ends = kafka.end_offsets(bootstrap, [(topic, p) for p in range(job.partitions)], group)
+    ends = kafka.end_offsets(cluster, [(topic, p) for p in range(job.partitions)], group)
     back = 256
     while True:
         starts = {p: max(0, ends[(topic, p)] - back) for p in range(job.partitions)}
-        msgs = kafka.read_partitions(bootstrap, topic, starts, group)
+        msgs = kafka.read_partitions(cluster, topic, starts, group)
         heads = [(int(h["sj-round"]), int(h[H_WM])) for h in (dict(m.headers() or []) for m in msgs)]
         needed = [r for r, wm in heads if wm > cut]
         first = min((r for r, _ in heads), default=0)

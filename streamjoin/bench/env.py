@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterator
 from rich.console import Console
 
 from streamjoin.services import broker as embedded
+from streamjoin.services.kafka import Cluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -27,6 +28,11 @@ class BenchEnv:
     bootstrap: str
     stack: ExitStack
     console: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
+
+    @property
+    def cluster(self) -> Cluster:
+        """The run's embedded broker (no client settings: it is plain loopback)."""
+        return Cluster(self.bootstrap)
 
     @cached_property
     def spark(self) -> "SparkSession":

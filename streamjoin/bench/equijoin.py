@@ -125,14 +125,14 @@ def run_peers(env: BenchEnv, common: JobSettings, sweep: dict, plan: Plan) -> di
     """Every peer on the common input; the file-based ones get it exported from Kafka."""
     expected = sweep["verify"]["expected"]
     with env.phase("kafka_consume peer"):
-        consume = kafka_consume.run_kafka_consume(env.bootstrap, common.input_topics, common.partitions,
+        consume = kafka_consume.run_kafka_consume(env.cluster, common.input_topics, common.partitions,
                                                   plan.consume_repeats)
     first = plan.steps[0]
     with env.phase(f"kafka_consume delivery delay at {first.rate:.0f} tuples/s per stream"):
-        consume["delivery"] = kafka_consume.delivery_delay(env.bootstrap, common, first.rate, first.seconds,
+        consume["delivery"] = kafka_consume.delivery_delay(env.cluster, common, first.rate, first.seconds,
                                                            THRESHOLD_S * 1000)
     with env.phase("exporting the input for the file-based peers"):
-        tables = export_inputs(env.spark, common, env.bootstrap)
+        tables = export_inputs(env.spark, common, env.cluster)
     with env.phase("reference peer"):
         floor = reference.run_reference(common, tables, plan.reference_repeats)
     floor["exact"] = floor["results"] == expected

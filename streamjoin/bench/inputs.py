@@ -11,18 +11,20 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from streamjoin.services.kafka import Cluster
 from streamjoin.services.spark.kafka_source import NAME as KAFKA
+from streamjoin.services.spark.kafka_source import options as kafka_options
 from streamjoin.services.spark.verify import value_schema
 from streamjoin.settings import JobSettings
 
 ARRIVAL = "arrival_ms"  # the Kafka record timestamp: when the tuple reached the broker
 
 
-def export_inputs(spark: SparkSession, job: JobSettings, bootstrap: str) -> dict[str, pa.Table]:
+def export_inputs(spark: SparkSession, job: JobSettings, cluster: Cluster) -> dict[str, pa.Table]:
     """Per stream: partition, offset, arrival_ms and the stream's fields, in arrival order."""
     out = {}
     for spec in job.streams:
-        raw = spark.read.format(KAFKA).option("bootstrap", bootstrap).option("topics", job.topic_of(spec)).load()
+        raw = spark.read.format(KAFKA).options(**kafka_options(cluster)).option("topics", job.topic_of(spec)).load()
         parsed = raw.select("partition", "offset", F.col("timestamp_ms").alias(ARRIVAL),
                             F.from_json(F.col("value").cast("string"), value_schema(spec)).alias("v"))
         table = parsed.select("partition", "offset", ARRIVAL, "v.*").toArrow()

@@ -135,7 +135,7 @@ def start_fleet(env: BenchEnv, job: JobSettings, workers: int, wait: bool = True
     """Topics, coordinator and `workers` workers on `job` (and their ids); with `wait`, returns once
     every group is placed."""
     job_dir = env.workdir / job.job
-    topics.ensure(kafka.admin(env.bootstrap), job)
+    topics.ensure(env.cluster.admin(), job)
     fleet = Fleet(job, write_job(job, job_dir / "job.yaml"), env.bootstrap, job_dir / "logs")
     env.stack.callback(fleet.stop_all)
     ids = [f"worker-{i}" for i in range(workers)]
@@ -174,7 +174,7 @@ def run_sweep(env: BenchEnv, job: JobSettings, workers: int, steps: Sequence[Ste
         began_ms = time.time() * 1000
         # A seed per step: every step draws fresh keys, not the previous step's again.
         step_job = job.model_copy(update={"workload": job.workload.model_copy(update={"seed": job.workload.seed + i})})
-        produced = run_sources(step_job, env.bootstrap, seconds=step.seconds, rate=step.rate)
+        produced = run_sources(step_job, env.cluster, seconds=step.seconds, rate=step.rate)
         written_ms = time.time() * 1000
         wait_drained(job, env.bootstrap, fleet, timeout=max(300.0, 20 * step.seconds))
         done.append(_step_record(step, produced, began_ms, written_ms, time.time() - written_ms / 1000))
@@ -182,8 +182,8 @@ def run_sweep(env: BenchEnv, job: JobSettings, workers: int, steps: Sequence[Ste
     restarts = fleet.restarts
     fleet.stop_all()
     with env.phase(f"Spark verify of the {workers}-worker sweep"):
-        verdict = run_verify(job, env.bootstrap)
-    delays_ms, newest_ms = result_delays(env.bootstrap, job)
+        verdict = run_verify(job, env.cluster)
+    delays_ms, newest_ms = result_delays(env.cluster, job)
     _judge_steps(done, delays_ms, newest_ms, threshold_s * 1000)
     inputs = verdict["inputs"]["total"]
     return {"job": job.job, "workers": workers, "steps": done, "restarts": restarts,
@@ -229,8 +229,8 @@ def run_replay(env: BenchEnv, source: JobSettings, workers: int) -> dict:
     fleet.assert_running()
     restarts = fleet.restarts
     fleet.stop_all()
-    ours = np.sort(read_results(env.bootstrap, replay, [RESULT_ID])[RESULT_ID])
-    theirs = np.sort(read_results(env.bootstrap, source, [RESULT_ID])[RESULT_ID])
+    ours = np.sort(read_results(env.cluster, replay, [RESULT_ID])[RESULT_ID])
+    theirs = np.sort(read_results(env.cluster, source, [RESULT_ID])[RESULT_ID])
     total = samples[-1][1] if samples else 0
     return {"job": replay.job, "workers": workers, "inputs": int(total),
             "wall_seconds": round(samples[-1][0], 2) if samples else None,
@@ -241,9 +241,9 @@ def run_replay(env: BenchEnv, source: JobSettings, workers: int) -> dict:
 # ---------------------------------------------------------------- reading the topics back
 
 
-def read_results(bootstrap: str, job: JobSettings, columns: Sequence[str]) -> dict[str, np.ndarray]:
+def read_results(cluster: kafka.Cluster, job: JobSettings, columns: Sequence[str]) -> dict[str, np.ndarray]:
     """The given columns of every result in the job's results topic (one Arrow block per record)."""
-    records = kafka.read_partitions(bootstrap, job.results_topic, dict.fromkeys(range(job.partitions), 0),
+    records = kafka.read_partitions(cluster, job.results_topic, dict.fromkeys(range(job.partitions), 0),
                                     f"{job.consumer_group}-bench-read")
     tables = [pa.ipc.open_stream(m.value()).read_all().select(list(columns))
               for m in records if m.value()]  # empty values are batch commit markers
@@ -254,9 +254,9 @@ def read_results(bootstrap: str, job: JobSettings, columns: Sequence[str]) -> di
     return {c: table.column(c).to_numpy() for c in columns}
 
 
-def arrivals(bootstrap: str, job: JobSettings, topic: str) -> tuple[np.ndarray, np.ndarray]:
+def arrivals(cluster: kafka.Cluster, job: JobSettings, topic: str) -> tuple[np.ndarray, np.ndarray]:
     """(partition << 40 | offset) sorted, and the Kafka timestamp of each, for every record of `topic`."""
-    records = kafka.read_partitions(bootstrap, topic, dict.fromkeys(range(job.partitions), 0),
+    records = kafka.read_partitions(cluster, topic, dict.fromkeys(range(job.partitions), 0),
                                     f"{job.consumer_group}-bench-arrivals")
     ref = np.array([(m.partition() << 40) | m.offset() for m in records], np.int64)
     ts = np.array([m.timestamp()[1] for m in records], np.int64)
@@ -264,13 +264,13 @@ def arrivals(bootstrap: str, job: JobSettings, topic: str) -> tuple[np.ndarray, 
     return ref[order], ts[order]
 
 
-def result_delays(bootstrap: str, job: JobSettings) -> tuple[np.ndarray, np.ndarray]:
+def result_delays(cluster: kafka.Cluster, job: JobSettings) -> tuple[np.ndarray, np.ndarray]:
     """Per result: production delay (ms) and the Kafka timestamp of its newest input."""
     refs = [c for s in job.streams for c in ref_columns(s.name)[:2]]
-    res = read_results(bootstrap, job, [PRODUCED_MS, *refs])
+    res = read_results(cluster, job, [PRODUCED_MS, *refs])
     newest = np.full(len(res[PRODUCED_MS]), np.iinfo(np.int64).min)
     for spec in job.streams:
-        keys, ts = arrivals(bootstrap, job, job.topic_of(spec))
+        keys, ts = arrivals(cluster, job, job.topic_of(spec))
         part, off = (res[c].astype(np.int64) for c in ref_columns(spec.name)[:2])
         newest = np.maximum(newest, ts[np.searchsorted(keys, (part << 40) | off)])
     return (res[PRODUCED_MS] - newest).astype(np.float64), newest

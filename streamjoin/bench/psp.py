@@ -51,14 +51,14 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     nodes = QUICK["nodes"] if quick else NODES
     paper = paper_job(QUICK["pixels"] if quick else None)
     with env.phase("cost model at seed 004's settings"):
-        model_paper = plan_ring(paper, env.bootstrap)
+        model_paper = plan_ring(paper, env.cluster)
     measured_job = paper.model_copy(update={"workload": paper.workload.model_copy(update={"rate": rate})})
     with env.phase(f"cost model at {rate:g} tuples/s per stream"):
-        model = plan_ring(measured_job, env.bootstrap)
+        model = plan_ring(measured_job, env.cluster)
     runs = [run_ring(env, measured_job, n, rate, seconds, model) for n in nodes]
     first = runs[0]
     with env.phase("raw consumption of the same input topics"):
-        consume = run_kafka_consume(env.bootstrap, first["input_topics"], paper.partitions, repeats=3)
+        consume = run_kafka_consume(env.cluster, first["input_topics"], paper.partitions, repeats=3)
     exact = all(r["verify"]["verified"] for r in runs)
     result = {
         "workload": "psp",
@@ -86,13 +86,13 @@ def run_ring(env: BenchEnv, base: JobSettings, n: int, rate: float, seconds: flo
         wait_layout(job, env.bootstrap, fleet, ids)
     with env.phase(f"ring of {n}: {seconds:g}s of images at {rate:g} tuples/s per stream"):
         began = time.monotonic()
-        produced = run_sources(job, env.bootstrap, seconds=seconds, rate=rate, show_progress=False)
+        produced = run_sources(job, env.cluster, seconds=seconds, rate=rate, show_progress=False)
         wait_ring_quiet(job, env.bootstrap, fleet, timeout=max(600.0, 20 * seconds))
         finished = time.monotonic() - began
     delays = ours.fleet_delays(fleet, ids).stats(THRESHOLD_S)
     response = ours.fleet_delays(fleet, ids, RESPONSE_METRIC).stats(THRESHOLD_S)
     with env.phase(f"ring of {n}: Spark verify"):
-        verify = run_verify(job, env.bootstrap)
+        verify = run_verify(job, env.cluster)
     fleet.stop_all()
     predicted = next(r for r in model["rows"] if r["N"] == n)
     return {

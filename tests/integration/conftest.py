@@ -38,7 +38,7 @@ def fleet_for(broker: embedded.EmbeddedBroker, tmp_path: Path) -> Iterator:
     fleets: list[Fleet] = []
 
     def start(job: JobSettings, workers: int) -> Fleet:
-        topics.ensure(kafka.admin(broker.bootstrap), job)
+        topics.ensure(kafka.Cluster(broker.bootstrap).admin(), job)
         fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), broker.bootstrap, tmp_path / "logs")
         fleets.append(fleet)
         fleet.start_coordinator()

@@ -28,7 +28,7 @@ def produce(job: JobSettings, bootstrap: str, rows: list[Row], raw: list[tuple[s
             producer: Producer | None = None) -> None:
     """Rows as JSON records keyed by their join key (murmur2-partitioned), in the given order;
     `raw` records (topic, key, value) are written as they are, for bad-input tests."""
-    p = producer or kafka.producer(bootstrap)
+    p = producer or kafka.Cluster(bootstrap).producer()
     topic_of = {s.name: job.topic_of(s) for s in job.streams}
     for r in rows:
         value = json.dumps({"k": r.key, "ts": r.ts, "pad": "x" * 8}).encode()
@@ -39,7 +39,7 @@ def produce(job: JobSettings, bootstrap: str, rows: list[Row], raw: list[tuple[s
 
 
 def read_all(bootstrap: str, topic: str, partitions: int, group: str) -> list:
-    return kafka.read_partitions(bootstrap, topic, dict.fromkeys(range(partitions), 0), group)
+    return kafka.read_partitions(kafka.Cluster(bootstrap), topic, dict.fromkeys(range(partitions), 0), group)
 
 
 @dataclass

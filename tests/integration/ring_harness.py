@@ -36,7 +36,7 @@ def band_rows(job: JobSettings, n: int, seed: int, t0: int = 1_000, span_ms: int
 
 
 def produce_rows(job: JobSettings, bootstrap: str, rows: list[tuple[int, dict]], raw: list = ()) -> None:
-    p = kafka.producer(bootstrap)
+    p = kafka.Cluster(bootstrap).producer()
     for i, v in rows:
         p.produce(job.topic_of(job.streams[i]), value=json.dumps(v).encode())
     for topic, value in raw:

@@ -26,7 +26,7 @@ def test_broker_away_for_a_while(tmp_path) -> None:
     embedded.wait_until_ready(b.bootstrap, 30, b.process)
     job = make_job(b.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2,
                    worker={"stall_timeout_ms": 15_000})
-    topics.ensure(kafka.admin(b.bootstrap), job)
+    topics.ensure(kafka.Cluster(b.bootstrap).admin(), job)
     fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), b.bootstrap, tmp_path / "logs")
     try:
         fleet.start_coordinator()

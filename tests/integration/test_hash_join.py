@@ -76,7 +76,7 @@ def test_three_way_time_windows(broker, fleet_for, tmp_path) -> None:
 
 def _produce_steadily(job, bootstrap, rows: list[Row], seconds: float) -> threading.Thread:
     def run() -> None:
-        producer = kafka.producer(bootstrap)
+        producer = kafka.Cluster(bootstrap).producer()
         chunk = max(1, len(rows) // int(seconds * 10))
         for i in range(0, len(rows), chunk):
             produce(job, bootstrap, rows[i:i + chunk], producer=producer)
@@ -106,12 +106,12 @@ def test_worker_killed_and_restarted_stays_exact(broker, fleet_for, tmp_path) ->
 def test_coordinator_restart_keeps_placement(broker, fleet_for, tmp_path) -> None:
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
     fleet = fleet_for(job, 2)
-    before = snapshot(job, broker.bootstrap)
+    before = snapshot(job, kafka.Cluster(broker.bootstrap))
     fleet.kill("coordinator", signal.SIGKILL)
     fleet.start_coordinator()
     produce(job, broker.bootstrap, rows_out_of_order("rs", 3000, 200, seed=5))
     time.sleep(3)  # heartbeats reach the new coordinator, which must not move anything
-    after = snapshot(job, broker.bootstrap)
+    after = snapshot(job, kafka.Cluster(broker.bootstrap))
     assert after["epoch"] == before["epoch"] == 1
     placed = {w["worker"]: w["placed_groups"] for w in after["workers"]}
     assert placed == {w["worker"]: w["placed_groups"] for w in before["workers"]}

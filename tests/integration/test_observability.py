@@ -93,7 +93,7 @@ def test_keys_land_where_kafkas_partitioner_puts_them(broker, tmp_path: Path) ->
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 5}, {"range_ms": 5}], workers=1)
     from streamjoin.topology import topics
 
-    topics.ensure(kafka.admin(broker.bootstrap), job)
+    topics.ensure(kafka.Cluster(broker.bootstrap).admin(), job)
     keys = list(range(500))
     produce(job, broker.bootstrap, [Row("r", k, 1) for k in keys])
     msgs = read_all(broker.bootstrap, job.topic_of(job.streams[0]), job.partitions, "pcheck")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def ring_fleet(job: JobSettings, bootstrap: str, tmp_path: Path, workers: list[str]) -> Fleet:
-    topics.ensure(kafka.admin(bootstrap), job)
+    topics.ensure(kafka.Cluster(bootstrap).admin(), job)
     fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), bootstrap, tmp_path / "logs")
     fleet.restart_workers = False
     fleet.start_coordinator()
@@ -64,7 +64,7 @@ def test_three_node_band_ring_exact_through_add_and_remove(broker: embedded.Embe
         fleet.stop_all()
     assert result.expected > 1000, result
     assert result.exact, result
-    spark = run_verify(job, broker.bootstrap)  # the independent oracle agrees
+    spark = run_verify(job, kafka.Cluster(broker.bootstrap))  # the independent oracle agrees
     assert spark["verified"] and spark["results"] == result.results, spark
 
 

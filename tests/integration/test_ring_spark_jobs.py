@@ -53,8 +53,8 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def write_workload(spark, bootstrap: str, job_file: str, name: str, seconds: float, **overrides: object) -> Written:
     job = load(job_file, job=name, bootstrap=bootstrap, **overrides)
-    topics.ensure(kafka.admin(bootstrap), job)
-    report = run_sources(job, bootstrap, seconds=seconds, show_progress=False)
+    topics.ensure(kafka.Cluster(bootstrap).admin(), job)
+    report = run_sources(job, kafka.Cluster(bootstrap), seconds=seconds, show_progress=False)
     rows = (spark.read.format(KAFKA).option("bootstrap", bootstrap).option("topics", ",".join(job.input_topics))
             .load().select("topic", "partition", "offset", "key", "value").collect())
     records = {t: [r for r in rows if r.topic == t] for t in job.input_topics}
@@ -98,7 +98,7 @@ def write_results(job: JobSettings, bootstrap: str, results: list[Result], ts: d
                   release: int) -> None:
     """Two result blocks as a ring head writes them, headed by the round's release watermark
     only; verify must take the highest."""
-    p = kafka.producer(bootstrap)
+    p = kafka.Cluster(bootstrap).producer()
     half = len(results) // 2
     for chunk, wm in ((results[:half], release - 100), (results[half:], release)):
         parts = [np.array([r[i][1] for r in chunk], np.int32) for i in range(len(job.streams))]
@@ -114,7 +114,7 @@ def write_results(job: JobSettings, bootstrap: str, results: list[Result], ts: d
 
 
 def write_dead_letter(job: JobSettings, bootstrap: str, ref: TupleRef, value: bytes) -> None:
-    p = kafka.producer(bootstrap)
+    p = kafka.Cluster(bootstrap).producer()
     p.produce(job.dead_letter_topic, partition=ref[1], value=value,
               headers=dead_letter_headers("late", "test", ref[0], ref[1], ref[2], group=ref[1], seq=0))
     assert p.flush(30) == 0
@@ -148,7 +148,7 @@ def test_verify_ring_json_inputs(band3: Written, bootstrap: str) -> None:
     assert len(results) > 20, "the workload should join"
     ts = {t.ref: t.ts for s in band3.tuples for t in s}
     write_results(job, bootstrap, results, ts, release)
-    report = run_verify(job, bootstrap)
+    report = run_verify(job, kafka.Cluster(bootstrap))
     assert report["verified"], report
     assert report["expected"] == report["results"] == len(results)
     assert report["release_watermark"] == release
@@ -159,10 +159,10 @@ def test_verify_ring_json_inputs(band3: Written, bootstrap: str) -> None:
     # The same inputs under another job name (own results and dead letters): lose one, repeat one.
     bad = job.model_copy(update={"job": "band3it-bad", "streams": [s.model_copy(update={"topic": job.topic_of(s)})
                                                                       for s in job.streams]})
-    topics.ensure(kafka.admin(bootstrap), bad)
+    topics.ensure(kafka.Cluster(bootstrap).admin(), bad)
     write_dead_letter(bad, bootstrap, dead, b"{}")
     write_results(bad, bootstrap, results[1:] + results[-1:], ts, release)
-    report = run_verify(bad, bootstrap)
+    report = run_verify(bad, kafka.Cluster(bootstrap))
     assert not report["verified"]
     assert (report["missing"], report["extra"], report["duplicates"]) == (1, 0, 1), report
 
@@ -184,7 +184,7 @@ def test_verify_ring_block_inputs(images: Written, bootstrap: str) -> None:
     assert len(results) > 20, "the workload should join"
     ts = {t.ref: t.ts for s in images.tuples for t in s}
     write_results(job, bootstrap, results, ts, release)
-    report = run_verify(job, bootstrap)
+    report = run_verify(job, kafka.Cluster(bootstrap))
     assert report["verified"], report
     assert report["expected"] == report["results"] == len(results)
     assert report["dead_letter"]["count"] == len(dead)

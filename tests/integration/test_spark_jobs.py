@@ -59,7 +59,7 @@ class World:
 
 def produce_malformed(bootstrap: str, topic: str) -> TupleRef:
     where: list[TupleRef] = []
-    p = kafka.producer(bootstrap)
+    p = kafka.Cluster(bootstrap).producer()
     p.produce(topic, key=b"1", value=b'{"k": 1, "ts": oops', partition=0,
               on_delivery=lambda err, msg: where.append((msg.topic(), msg.partition(), msg.offset())))
     assert p.flush(30) == 0 and where
@@ -67,7 +67,7 @@ def produce_malformed(bootstrap: str, topic: str) -> TupleRef:
 
 
 def write_dead_letter(job: JobSettings, bootstrap: str, ref: TupleRef) -> None:
-    p = kafka.producer(bootstrap)
+    p = kafka.Cluster(bootstrap).producer()
     p.produce(job.dead_letter_topic, partition=ref[1], key=b"1", value=b'{"k": 1, "ts": oops',
               headers=dead_letter_headers("malformed", "not JSON", *ref, group=ref[1], seq=0))
     assert p.flush(30) == 0
@@ -97,7 +97,7 @@ def write_results(job: JobSettings, bootstrap: str, results: list[Result], ts: d
                   watermarks: dict[int, int]) -> None:
     """One result block per group (the first stream's partition), as a worker writes them."""
     names = [s.name for s in job.streams]
-    p = kafka.producer(bootstrap)
+    p = kafka.Cluster(bootstrap).producer()
     for g in range(job.partitions):
         mine = [r for r in results if r[0][1] == g]
         cols: dict[str, np.ndarray] = {}
@@ -120,8 +120,8 @@ def world(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     broker = embedded.start(log_path=log)
     try:
         job = make_job("sparkit", broker.bootstrap)
-        topics.ensure(kafka.admin(broker.bootstrap), job)
-        sources = run_sources(job, broker.bootstrap, seconds=5, rate=80, show_progress=False)
+        topics.ensure(kafka.Cluster(broker.bootstrap).admin(), job)
+        sources = run_sources(job, kafka.Cluster(broker.bootstrap), seconds=5, rate=80, show_progress=False)
         malformed = produce_malformed(broker.bootstrap, job.input_topics[0])
         write_dead_letter(job, broker.bootstrap, malformed)
         streams, lags = read_inputs(job, broker.bootstrap)
@@ -161,12 +161,12 @@ def test_verify_accepts_a_correct_join(world: World, tmp_path: Path) -> None:
 def test_verify_catches_duplicate_missing_and_lost(world: World) -> None:
     # Same inputs under another job name, so it gets results and dead-letter topics of its own.
     job = make_job("sparkit-bad", world.bootstrap, world.job.input_topics)
-    topics.ensure(kafka.admin(world.bootstrap), job)
+    topics.ensure(kafka.Cluster(world.bootstrap).admin(), job)
     write_dead_letter(job, world.bootstrap, world.malformed)
     produce_malformed(world.bootstrap, job.input_topics[1])  # never dead-lettered: lost
     results = world.results[1:] + world.results[-1:]  # drop the first, repeat the last
     write_results(job, world.bootstrap, results, world.ts, world.watermarks)
-    report = run_verify(job, world.bootstrap)
+    report = run_verify(job, kafka.Cluster(world.bootstrap))
     assert not report["verified"]
     assert (report["missing"], report["extra"], report["duplicates"]) == (1, 0, 1), report
     assert report["lost"] == 1 and report["dead_letter"]["count"] == 1, report

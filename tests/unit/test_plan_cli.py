@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
 from streamjoin.services.coordinator import ring_plan
 from streamjoin.cli import app, default_job_file
 from streamjoin.settings import load
@@ -70,6 +71,6 @@ def test_explicit_join_order_is_kept() -> None:
 def test_hop_latency_is_measured_on_a_broker(tmp_path: Path) -> None:
     with embedded.start(log_path=tmp_path / "broker.log") as b:
         job = load(JOBS / "band3.yaml", bootstrap=b.bootstrap)
-        plan = ring_plan.plan_ring(job, b.bootstrap)
+        plan = ring_plan.plan_ring(job, kafka.Cluster(b.bootstrap))
         assert plan["measurements"]["T_n_source"] == "measured"
         assert 0 < plan["measurements"]["T_n"] < 1.0

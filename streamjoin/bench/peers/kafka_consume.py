@@ -22,11 +22,11 @@ from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 
 
-def consume_once(bootstrap: str, partitions: list[tuple[str, int]]) -> dict:
+def consume_once(cluster: kafka.Cluster, partitions: list[tuple[str, int]]) -> dict:
     """Read every partition to its true end once; tuples, bytes and rates."""
-    ends = kafka.end_offsets(bootstrap, partitions, f"bench-consume-probe-{uuid.uuid4().hex}")
+    ends = kafka.end_offsets(cluster, partitions, f"bench-consume-probe-{uuid.uuid4().hex}")
     total = sum(ends.values())
-    c = kafka.consumer(bootstrap, f"bench-consume-{uuid.uuid4().hex}")
+    c = cluster.consumer(f"bench-consume-{uuid.uuid4().hex}")
     try:
         c.assign([TopicPartition(t, p, 0) for t, p in partitions])
         tuples = size = 0
@@ -42,10 +42,10 @@ def consume_once(bootstrap: str, partitions: list[tuple[str, int]]) -> dict:
             "tuples_per_s": tuples / seconds, "bytes_per_s": size / seconds}
 
 
-def run_kafka_consume(bootstrap: str, topics: list[str], partitions: int, repeats: int) -> dict:
+def run_kafka_consume(cluster: kafka.Cluster, topics: list[str], partitions: int, repeats: int) -> dict:
     """`repeats` full reads; the figures are their medians (the machine is noisy)."""
     tps = [(t, p) for t in topics for p in range(partitions)]
-    runs = [consume_once(bootstrap, tps) for _ in range(repeats)]
+    runs = [consume_once(cluster, tps) for _ in range(repeats)]
     return {
         "tuples_per_s": statistics.median(r["tuples_per_s"] for r in runs),
         "bytes_per_s": statistics.median(r["bytes_per_s"] for r in runs),
@@ -56,7 +56,7 @@ def run_kafka_consume(bootstrap: str, topics: list[str], partitions: int, repeat
     }
 
 
-def delivery_delay(bootstrap: str, job: JobSettings, rate: float, seconds: float, threshold_ms: float) -> dict:
+def delivery_delay(cluster: kafka.Cluster, job: JobSettings, rate: float, seconds: float, threshold_ms: float) -> dict:
     """The delay before any join: Spark `sources` writes `seconds` at `rate` into a fresh copy
     of the job's input topics while one tuned consumer (nothing else running) reads them; a
     record's delay is when the consumer holds it minus its Kafka timestamp, the clock our
@@ -64,13 +64,13 @@ def delivery_delay(bootstrap: str, job: JobSettings, rate: float, seconds: float
     from streamjoin.services.spark.sources import run_sources
 
     probe = job.model_copy(update={"job": f"{job.job}-delivery"})
-    topics.ensure(kafka.admin(bootstrap), probe)
+    topics.ensure(cluster.admin(), probe)
     held: list[np.ndarray] = []
     stop = threading.Event()
-    reader = threading.Thread(target=_hold, args=(bootstrap, probe, held, stop), daemon=True)
+    reader = threading.Thread(target=_hold, args=(cluster, probe, held, stop), daemon=True)
     reader.start()
     try:
-        produced = run_sources(probe, bootstrap, seconds=seconds, rate=rate)
+        produced = run_sources(probe, cluster, seconds=seconds, rate=rate)
         want = sum(produced["records"].values())
         deadline = time.monotonic() + 60
         while sum(map(len, held)) < want and time.monotonic() < deadline:
@@ -83,8 +83,8 @@ def delivery_delay(bootstrap: str, job: JobSettings, rate: float, seconds: float
             "delay": delay_stats(delays, threshold_ms)}
 
 
-def _hold(bootstrap: str, job: JobSettings, out: list[np.ndarray], stop: threading.Event) -> None:
-    c = kafka.consumer(bootstrap, f"bench-delivery-{uuid.uuid4().hex}")
+def _hold(cluster: kafka.Cluster, job: JobSettings, out: list[np.ndarray], stop: threading.Event) -> None:
+    c = cluster.consumer(f"bench-delivery-{uuid.uuid4().hex}")
     try:
         c.assign([TopicPartition(t, p, 0) for t in job.input_topics for p in range(job.partitions)])
         while not stop.is_set():
