@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Iterator
 
 import pytest
 
+from streamjoin.launcher import write_job
 from streamjoin.engine.reference import RefTuple, RefWindow, TupleRef, reference_join
 from streamjoin.schemas.results import dead_letter_headers
 from streamjoin.services import broker as embedded
@@ -24,6 +27,7 @@ from streamjoin.services.spark.sources import run_sources
 from streamjoin.services.spark.verify import run_verify
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
+from tests.integration.spark_output import named_log, noise, spark_lines
 from tests.unit.result_writer import Result as ResultRecord
 from tests.unit.result_writer import batch_commit, encode
 
@@ -167,3 +171,21 @@ def test_verify_catches_duplicate_missing_lost_and_bad_records(world: World) -> 
     assert (report["missing"], report["extra"], report["duplicates"]) == (1, 0, 1), report
     assert (report["bad_records"], report["bad_ids"], report["result_records"]) == (1, 0, len(results) + 1), report
     assert report["lost"] == 1 and report["dead_letter"]["count"] == 1, report
+
+
+def test_sources_command_keeps_spark_output_in_its_log(world: World, tmp_path: Path) -> None:
+    """The terminal gets the command's JSON and progress; Spark's own lines go to the file it
+    names, and no line anywhere shows the job's Kafka client settings' values."""
+    secret = "Hunter2-S3cr3t"
+    # sasl.password without a SASL protocol: librdkafka keeps it unused, so the embedded broker still serves.
+    job = make_job("sparkit-cli", world.bootstrap).model_copy(update={"kafka": {"sasl.password": secret}})
+    topics.ensure(kafka.Cluster(world.bootstrap).admin(), job)
+    command = [sys.executable, "-c", "from streamjoin.cli import app; app()", "sources",
+               "--job", str(write_job(job, tmp_path / "job.yaml")), "--bootstrap", world.bootstrap, "--seconds", "2"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sum(json.loads(run.stdout)["records"].values()) > 0
+    assert noise(run.stdout + run.stderr) == []
+    log = Path(named_log(run.stderr)).read_text()
+    assert spark_lines(log), "Spark's lines are in the log file instead"
+    assert secret not in run.stdout + run.stderr + log
