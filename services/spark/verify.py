@@ -617,13 +617,26 @@ def _outcome(job: JobSettings, expected: DataFrame, raw_results: DataFrame,
             "delay_ms": _percentiles(delays)}, delays
 
 
-def _verify_hash(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
-    names = [s.name for s in job.streams]
+def hash_inputs(raw: DataFrame, job: JobSettings) -> tuple[list[DataFrame], DataFrame]:
+    """Hash mode: per stream, its input records decoded (decode_inputs) with `reason`, that of
+    the dead letter standing for the record (null: none); and the dead letters. Whatever the
+    reason (malformed, late, oversize, misrouted, ...), a dead-lettered record was not joined."""
     dead = decode_dead_letters(raw.filter(F.col("topic") == job.dead_letter_topic)).localCheckpoint()
-    raw_results = raw.filter(F.col("topic") == job.results_topic)
     decoded = [decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s)
                .join(dead, ["topic", "partition", "offset"], "left") for s in job.streams]
-    accepted = [d.filter(F.col("ok") & F.col("reason").isNull()) for d in decoded]
+    return decoded, dead
+
+
+def accepted_inputs(decoded: DataFrame) -> DataFrame:
+    """The tuples the join takes: decoded whole and not dead-lettered."""
+    return decoded.filter(F.col("ok") & F.col("reason").isNull())
+
+
+def _verify_hash(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
+    names = [s.name for s in job.streams]
+    decoded, dead = hash_inputs(raw, job)
+    raw_results = raw.filter(F.col("topic") == job.results_topic)
+    accepted = [accepted_inputs(d) for d in decoded]
 
     watermarks = final_watermarks(raw.filter(F.col("topic") == job.commits_topic)).localCheckpoint()
     expected = expected_join(accepted, [s.window for s in job.streams],
@@ -647,7 +660,7 @@ def _verify_ring(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
                for s in job.streams]
     release = release_watermark(raw.filter(F.col("topic") == job.commits_topic))
     released = F.col("ts") < F.lit(release) if release is not None else F.lit(False)
-    valid = [d.filter(F.col("ok") & F.col("reason").isNull()) for d in decoded]
+    valid = [accepted_inputs(d) for d in decoded]
     terms = compile_terms(names, list(job.join.predicate), job.join.udfs)
     expected = expected_theta_join([v.filter(released) for v in valid], [s.window for s in job.streams],
                                    terms).localCheckpoint()
