@@ -133,9 +133,9 @@ def _json_results(values: DataFrame, job: JobSettings) -> DataFrame:
 # ---------------------------------------------------------------- avro
 
 
-def results_avro_schema(job: JobSettings) -> dict:
-    """The results' Avro schema as issue 8's spec states it. Stand-in for
-    streamjoin.schemas.result_codec.results_avro_schema until that is on main."""
+def _results_avro_schema(job: JobSettings) -> dict:
+    """The results' Avro schema as issue 8's spec states it. A stand-in: to be replaced by
+    streamjoin.schemas.result_codec.results_avro_schema once that is on main."""
     def ref(s: StreamSpec) -> dict:
         fields = [{"name": "topic", "type": "string"}, {"name": "partition", "type": "int"},
                   {"name": "offset", "type": "long"}]
@@ -160,7 +160,7 @@ def _avro_results(values: DataFrame, job: JobSettings) -> DataFrame:
 
 def _avro_decoder(job: JobSettings, out: pa.Schema) -> BatchFunction:
     """mapInArrow function: Avro result records -> _record_schema rows, one per record."""
-    writer_schema = results_avro_schema(job)
+    writer_schema = _results_avro_schema(job)
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import fastavro

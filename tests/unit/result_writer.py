@@ -19,11 +19,11 @@ from streamjoin.engine.result_ids import result_id_hex, result_ids
 from streamjoin.schemas.codecs import BLOCK_SHIFT
 from streamjoin.schemas.results import (EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, BatchCommit, RoundRelease,
                                        ref_columns)
-from streamjoin.services.spark.result_records import results_avro_schema
-from streamjoin.settings import JobSettings
+from streamjoin.settings import JobSettings, StreamSpec
 
 TupleRef = tuple[str, int, int]  # topic, partition, tuple offset
 _DEFAULTS = {"int": 0, "float": 0.0, "str": "", "bool": False, "bytes": b""}
+_AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boolean", "bytes": "bytes"}
 _ROWS_PER_CHUNK = 50_000
 
 
@@ -79,10 +79,29 @@ def encode_json(job: JobSettings, r: Result, rid: str | None = None) -> bytes:
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def avro_schema(job: JobSettings) -> dict:
+    """The results' Avro schema: record Result {result_id, event_time, produced_ms,
+    inputs: Inputs {<s>: <s>_ref}, <s>: <s>_fields} in namespace streamjoin.<job>."""
+    def ref(s: StreamSpec) -> dict:
+        fields = [("topic", "string"), ("partition", "int"), ("offset", "long")]
+        fields += [("index", "int")] if s.format == "blocks" else []
+        return {"type": "record", "name": f"{s.name}_ref", "fields": [{"name": n, "type": t} for n, t in fields]}
+
+    def values(s: StreamSpec) -> dict:
+        return {"type": "record", "name": f"{s.name}_fields",
+                "fields": [{"name": n, "type": _AVRO_TYPES[t]} for n, t in job.result_fields(s).items()]}
+
+    inputs = {"type": "record", "name": "Inputs", "fields": [{"name": s.name, "type": ref(s)} for s in job.streams]}
+    head = [("result_id", "string"), ("event_time", "long"), ("produced_ms", "long"), ("inputs", inputs)]
+    return {"type": "record", "name": "Result", "namespace": "streamjoin." + job.job.replace("-", "_"),
+            "fields": [{"name": n, "type": t} for n, t in head] + [{"name": s.name, "type": values(s)}
+                                                                   for s in job.streams]}
+
+
 def encode_avro(job: JobSettings, r: Result, rid: str | None = None) -> bytes:
     """The schemaless Avro value of result `r` (`rid` overrides its id)."""
     out = io.BytesIO()
-    fastavro.schemaless_writer(out, fastavro.parse_schema(results_avro_schema(job)), _record(job, r, rid))
+    fastavro.schemaless_writer(out, fastavro.parse_schema(avro_schema(job)), _record(job, r, rid))
     return out.getvalue()
 
 

@@ -15,10 +15,10 @@ from streamjoin.schemas.codecs import BLOCK_SHIFT
 from streamjoin.schemas.results import ref_columns
 from streamjoin.services.spark.kafka_source import RECORD_SCHEMA
 from streamjoin.services.spark.result_records import (ID_OK, RECORD_OK, RESULT_ID, decode_results, final_watermarks,
-                                                      release_watermark, results_avro_schema)
+                                                      release_watermark)
 from streamjoin.settings import JobSettings, load
-from tests.unit.result_writer import (Result, batch_commit, encode, encode_avro, encode_blocks, encode_json,
-                                      result_id, round_release)
+from tests.unit.result_writer import (Result, avro_schema, batch_commit, encode, encode_avro, encode_blocks,
+                                      encode_json, result_id, round_release)
 
 pytestmark = pytest.mark.spark
 
@@ -164,9 +164,10 @@ def test_malformed_result_blocks_are_counted(spark) -> None:
     assert verdicts.count((False, False)) == 4
 
 
-def test_avro_schema_follows_the_spec() -> None:
+def test_written_avro_schema_follows_the_spec() -> None:
+    """The writer's schema is the spec's; the round trip above shows verify reads exactly it."""
     job = make_job("avro", ["json", "blocks"], [{"img": "bytes", "f": "float"}, {}], name="my-job")
-    schema = results_avro_schema(job)
+    schema = avro_schema(job)
     fastavro.parse_schema(schema)
     assert schema["namespace"] == "streamjoin.my_job" and schema["name"] == "Result"
     assert [f["name"] for f in schema["fields"]] == ["result_id", "event_time", "produced_ms", "inputs", "a", "b"]
