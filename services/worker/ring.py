@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-import zlib
 from collections import deque
 
 import numpy as np
@@ -32,17 +31,17 @@ from streamjoin.engine.predicates import UDF_ERROR, compile_terms
 from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
 from streamjoin.engine.psp.messages import Build, Partial, Probe, RoundInfo
 from streamjoin.engine.psp.messages import Message as RingMessage
-from streamjoin.engine.psp.node import Outbox, RingNode, empty_results
+from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column, prefixed
 from streamjoin.engine.psp.slices import G, SSEQ
 from streamjoin.engine.window_join import NO_TIME
 from streamjoin.schemas import control, ring as wire
 from streamjoin.schemas.codecs import encode_block
-from streamjoin.schemas.results import H_WM, dead_letter_headers
+from streamjoin.schemas.results import RoundRelease, dead_letter_headers
 from streamjoin.services import kafka, metrics
-from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group
+from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.processor import late_records
-from streamjoin.services.worker.output import ROWS_PER_CHUNK
+from streamjoin.services.worker.output import Deliveries, ResultWriter
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.settings import JobSettings
 
@@ -77,12 +76,12 @@ class RingWorker:
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
         self.local: deque[RingMessage] = deque()
         self.head: RingHead | None = None
-        self.result_partition = zlib.crc32(worker_id.encode()) % job.partitions
+        self.deliveries = Deliveries()
+        self.results = ResultWriter(job, self.out, self.deliveries, every_report=True)
         self.health = metrics.HealthState()
         self.stopping = False
         self.metrics_url = ""
         self.dead_seen: set[tuple[int, int, int]] = set()
-        self.no_results = empty_results(self.plan, ring_templates(job))
 
     # ------------------------------------------------------------------ main
     def run(self) -> None:
@@ -171,24 +170,17 @@ class RingWorker:
             value, headers = wire.encode(piece)
             self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0)
 
-    def _results(self, block: Block, info: RoundInfo | None, force: bool = False) -> None:
-        if not len(block) and not force:
-            return
-        out = Block({k: v for k, v in block.columns.items() if k != "newest_arrival_ms"})
-        headers = [("sj-node", self.id.encode()), ("sj-round", str(info.round if info else -1).encode()),
-                   (H_WM, str(info.watermark if info else NO_TIME).encode())]
-        # A big round's results would exceed the broker's record size: records of at most
-        # ROWS_PER_CHUNK rows, as hash mode writes them (an empty block is one record, the marker).
-        for start in range(0, max(len(out), 1), ROWS_PER_CHUNK):
-            part = out if len(out) <= ROWS_PER_CHUNK else out.take(np.arange(start, min(start + ROWS_PER_CHUNK,
-                                                                                   len(out))))
-            self.out.produce(self.job.results_topic, value=encode_block(part), partition=self.result_partition,
-                             headers=headers)
+    def _results(self, block: Block, info: RoundInfo | None) -> None:
         if len(block):
-            metrics.RESULTS_OUT.inc(len(block))
-            metrics.DELAY_SECONDS.observe_many((block["produced_ms"] - block["newest_arrival_ms"]) / 1000.0)
+            self.results.write(block, blocks_key=self.id.encode())
             if info is not None:
                 metrics.RING_RESPONSE_SECONDS.observe_many((block["produced_ms"] - info.released_ms) / 1000.0)
+
+    def release_record(self, info: RoundInfo) -> None:
+        """The round's release on the commits topic: inputs below its watermark are joined for good."""
+        release = RoundRelease(node=self.id, round=info.round, watermark=info.watermark)
+        self.out.produce(self.job.commits_topic, value=release.model_dump_json().encode(), key=self.id.encode(),
+                         partition=0, on_delivery=self.deliveries.report)
 
     def _udf_dead_letters(self, trigger: int, rows: Block, detail: str) -> None:
         """The trigger records whose probe the UDF failed on, once per record and node; the
@@ -239,6 +231,7 @@ class RingHead:
         self.last_release = 0.0
         self.paused: set[int] = set()  # streams whose intake waits for the rounds to catch up
         self.tuples_per_record: float | None = None  # latest decode's ratio (block records hold many)
+        self.routing = routing_for(self.job, self.job.partitions)  # ring mode: no co-partitioning to check
 
     @property
     def busy(self) -> bool:
@@ -318,7 +311,7 @@ class RingHead:
         if m.error() is not None:
             metrics.BROKER_ERRORS.labels(m.error().name()).inc()
             return
-        self.buffers.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m)
+        self.buffers.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m, m.partition())
         self.offsets[(m.topic(), m.partition())] = m.offset() + 1
 
     def _decode(self) -> None:
@@ -326,14 +319,14 @@ class RingHead:
         for i, buf in self.buffers.items():
             if not len(buf):
                 continue
-            slices = decode_by_group(self.job, i, buf)
+            slices = decode_by_group(self.job, i, buf, self.routing, {})
             dead: list[DeadRecord] = [d for sl in slices.values() for d in sl.dead]
             blocks = [sl.block for sl in slices.values()]
             block = Block({k: np.concatenate([b[k] for b in blocks]) for k in blocks[0].names})
             self.tuples_per_record = max(1.0, len(block) / len(buf), 0.5 * (self.tuples_per_record or 1.0))
             late = block[TS] < self.watermark
             if late.any():  # hash mode's convention: a block record's late tuples go as a block of just those
-                dead += late_records(self.job, i, buf, block.filter(late), self.watermark)
+                dead += late_records(self.job, i, -1, buf, block.filter(late), self.watermark)
             self._dead_letters(dead)
             fresh = block.filter(~late)
             if len(fresh):
@@ -369,7 +362,7 @@ class RingHead:
                 metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(b))
         probe = Probe(info, tuple(tuples))
         out = self.w.node.release(probe, int(time.time() * 1000))
-        self.w._results(self.w.no_results, info, force=True)  # the round's marker: its release watermark, for the verifier
+        self.w.release_record(info)
         self.w.send(out, probe)
         self._commit()
 
