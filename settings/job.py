@@ -263,7 +263,8 @@ class JobSettings(BaseModel):
         """Input and by-key topics are what a window is rebuilt from: their retention must hold a
         record for its stream's time window plus the allowed lateness (late records carry older times)."""
         needed = self.longest_time_window_ms + self.join.allowed_lateness_ms
-        for role in ("input", "by_key"):
+        roles = ("input", "by_key") if self.join.mode == "hash" else ("input",)  # by-key topics exist in hash mode only
+        for role in roles:
             retention = self.topics.effective(role).retention_ms
             if retention is not None and retention != KEEP_FOREVER and retention < needed:
                 raise ValueError(f"topics.{role}.retention_ms {retention} is shorter than the longest time window plus "

@@ -83,7 +83,9 @@ def _planned(job: JobSettings, name: str, role: TopicRole, partitions: int, exac
 def create_missing(admin: AdminClient, wanted: list[TopicPlan], timeout: float = 30.0) -> list[str]:
     """Create the topics of `wanted` the cluster lacks, with their planned settings; returns the names created.
 
-    Existing topics are left as they are (`audit` reports what is wrong with them)."""
+    `admin`: the cluster's admin client; `timeout`: seconds per admin request. Existing topics are
+    left as they are (`audit` reports what is wrong with them); raises TopologyError when the
+    broker refuses one."""
     existing = admin.list_topics(timeout=timeout).topics
     missing = [t for t in wanted if t.name not in existing]
     if not missing:
@@ -102,15 +104,17 @@ def create_missing(admin: AdminClient, wanted: list[TopicPlan], timeout: float =
 
 
 def ensure(admin: AdminClient, job: JobSettings, timeout: float = 30.0) -> list[str]:
-    """Create the job's missing topics, then `check` them all; returns the names created."""
+    """Create `job`'s missing topics through `admin`, then `check` them all (`timeout`: seconds per
+    admin request); returns the names created."""
     created = create_missing(admin, plan(job), timeout)
     check(admin, job, timeout)
     return created
 
 
 def check(admin: AdminClient, job: JobSettings, timeout: float = 30.0) -> None:
-    """Raise TopologyError when a topic is missing or has a partition count the partition groups
-    cannot work with (what a worker waits for at start); settings are `audit`'s business."""
+    """Raise TopologyError when a topic of `job` is missing on the cluster `admin` talks to, or has a
+    partition count the partition groups cannot work with (what a worker waits for at start);
+    settings are `audit`'s business. `timeout`: seconds for the metadata request."""
     existing = admin.list_topics(timeout=timeout).topics
     for t in plan(job):
         if t.name not in existing:
@@ -122,6 +126,7 @@ def check(admin: AdminClient, job: JobSettings, timeout: float = 30.0) -> None:
 
 
 def _why_partitions(t: TopicPlan) -> str:
+    """Why topic `t` must have exactly its planned partition count, for error messages."""
     if t.role == "input":
         return "with join.repartition: never, partition g of every input is partition group g"
     if t.partitions == 1:
@@ -176,7 +181,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {"brokers": self.brokers, "dangerous": self.dangerous,
                 "findings": [asdict(f) for f in self.findings],
-                "not_run": [asdict(n) | {"topics": list(n.topics)} for n in self.not_run]}
+                "not_run": [asdict(n) for n in self.not_run]}
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,7 @@ class Observed:
     config_error: str | None = None
 
     def value(self, key: str) -> str | None:
+        """Config `key` as reported, None when the broker did not report it."""
         return None if self.config is None else self.config.get(key)
 
     def unknown(self, topic: str, key: str) -> Skipped:
@@ -200,10 +206,12 @@ class Observed:
 
 
 def audit(admin: AdminClient, job: JobSettings, timeout: float = 30.0) -> Report:
-    """Every planned topic (and, in ring mode, every hop topic found) checked for missing topics,
-    partition counts, cleanup policy, retention, replication and min.insync.replicas.
+    """Every topic `job` plans (and, in ring mode, every hop topic found) checked on the cluster
+    `admin` talks to: missing topics, partition counts, cleanup policy, retention, replication and
+    min.insync.replicas. `timeout`: seconds per admin request.
 
-    Raises KafkaException only when the cluster does not answer metadata requests."""
+    Raises KafkaException only when the cluster does not answer metadata requests; a check the
+    broker cannot answer is reported as not run."""
     metadata = admin.list_topics(timeout=timeout)
     wanted = plan(job) + _hop_topics_found(job, metadata.topics)
     present = [t for t in wanted if t.name in metadata.topics]
@@ -221,7 +229,8 @@ def audit(admin: AdminClient, job: JobSettings, timeout: float = 30.0) -> Report
 
 
 def _hop_topics_found(job: JobSettings, existing: dict[str, Any]) -> list[TopicPlan]:
-    """Ring mode: hop topics exist per ring node, known only by their name `<job>.ring.<node>`."""
+    """Ring mode: the hop topics among `existing` topic names; they exist per ring node, known
+    only by their name `<job>.ring.<node>`."""
     if job.join.mode != "ring":
         return []
     prefix = job.hop_topic("")
@@ -229,7 +238,8 @@ def _hop_topics_found(job: JobSettings, existing: dict[str, Any]) -> list[TopicP
 
 
 def _describe_configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, dict[str, str] | str]:
-    """Each topic's reported configs, or the error text when the broker could not say."""
+    """Each topic of `names`'s reported configs, or the error text when the broker could not say
+    (`timeout`: seconds for the request)."""
     if not names:
         return {}
     try:
@@ -258,12 +268,13 @@ def _observed(metadata: Any, config: dict[str, str] | str) -> Observed:
 
 
 def _topic_findings(job: JobSettings, t: TopicPlan, seen: Observed, brokers: int) -> list[Finding | Skipped]:
-    """Every check of one existing topic."""
+    """Every check of the existing topic `t` of `job`, as `seen` on a cluster of `brokers` brokers."""
     return (_partition_findings(t, seen) + _cleanup_findings(t, seen) + _retention_findings(job, t, seen)
             + _replication_findings(t, seen, brokers) + _insync_findings(t, seen))
 
 
 def _partition_findings(t: TopicPlan, seen: Observed) -> list[Finding | Skipped]:
+    """A partition count other than planned, where the job needs exactly that (`t` planned, `seen` observed)."""
     if not t.exact_partitions or seen.partitions == t.partitions:
         return []
     return [Finding("danger", t.name, t.role, "partitions",
@@ -271,7 +282,8 @@ def _partition_findings(t: TopicPlan, seen: Observed) -> list[Finding | Skipped]
 
 
 def _cleanup_findings(t: TopicPlan, seen: Observed) -> list[Finding | Skipped]:
-    """Compaction where records share keys; time deletion where recovery needs the latest record per key."""
+    """Compaction where records share keys; time deletion where recovery needs the latest record per
+    key (`t` planned, `seen` observed)."""
     if t.role not in NEVER_COMPACTED | ALWAYS_COMPACTED:
         return []
     policy = seen.value("cleanup.policy")
@@ -294,8 +306,9 @@ def _cleanup_findings(t: TopicPlan, seen: Observed) -> list[Finding | Skipped]:
 
 
 def _retention_findings(job: JobSettings, t: TopicPlan, seen: Observed) -> list[Finding | Skipped]:
-    """Input and by-key records must outlive their stream's window plus the allowed lateness
-    (a window rebuilt from them), and a worker's outage (`topics.outage_margin_ms`) on top."""
+    """Input and by-key records (`t` planned, `seen` observed) must outlive their stream's window in
+    `job` plus the allowed lateness (a window rebuilt from them), and a worker's outage
+    (`topics.outage_margin_ms`) on top."""
     if t.stream is None:
         return []
     text = seen.value("retention.ms")
@@ -324,7 +337,8 @@ def _retention_findings(job: JobSettings, t: TopicPlan, seen: Observed) -> list[
 
 
 def _replication_findings(t: TopicPlan, seen: Observed, brokers: int) -> list[Finding | Skipped]:
-    """One copy on a cluster that could hold more: losing that broker loses the topic."""
+    """One copy (`seen`, of planned `t`) on a cluster of `brokers` that could hold more: losing that
+    broker loses the topic."""
     if brokers <= 1 or seen.replication_factor > 1 or t.role in TRANSIENT:
         return []
     severity: Severity = "danger" if t.role in RECOVERY_CRITICAL else "warning"
@@ -334,8 +348,8 @@ def _replication_findings(t: TopicPlan, seen: Observed, brokers: int) -> list[Fi
 
 
 def _insync_findings(t: TopicPlan, seen: Observed) -> list[Finding | Skipped]:
-    """min.insync.replicas against the replication factor: writes with acks=all block when fewer
-    replicas than it are in sync, and are acknowledged by that many copies only."""
+    """min.insync.replicas against the replication factor (`seen`, of planned `t`): writes with
+    acks=all block when fewer replicas than it are in sync, and are acknowledged by that many copies only."""
     text = seen.value("min.insync.replicas")
     if text is None:
         return [seen.unknown(t.name, "min.insync.replicas")]
@@ -356,6 +370,7 @@ def _insync_findings(t: TopicPlan, seen: Observed) -> list[Finding | Skipped]:
 
 
 def _as_int(text: str) -> int | None:
+    """`text` as an integer, None when it is not one (brokers like Tansu store any text)."""
     try:
         return int(text)
     except ValueError:
@@ -363,7 +378,7 @@ def _as_int(text: str) -> int | None:
 
 
 def _group_skipped(skipped: list[Skipped]) -> list[NotRun]:
-    """One NotRun per (check, reason), naming every topic it applies to."""
+    """One NotRun per (check, reason) among `skipped`, naming every topic it applies to."""
     topics: dict[tuple[str, str], list[str]] = defaultdict(list)
     for s in skipped:
         topics[(s.check, s.reason)].append(s.topic)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from streamjoin.cli import app
 from streamjoin.services import kafka
-from streamjoin.settings import JobSettings, load
+from streamjoin.settings import JobSettings, SettingsError, load
 from streamjoin.topology import topics
 
 runner = CliRunner()
@@ -418,3 +418,12 @@ def test_invalid_topic_settings_exit_2_naming_the_field(tmp_path: Any, section: 
     result = runner.invoke(app, ["topics", "check", "--job", str(path), "--bootstrap", "127.0.0.1:1"])
     assert result.exit_code == 2, result.output
     assert words in " ".join(result.output.split())
+
+
+def test_by_key_retention_is_checked_in_hash_mode_only() -> None:
+    week_window = {"range_ms": 8 * 7 * DAY}
+    with pytest.raises(SettingsError, match="topics.by_key.retention_ms 604800000 is shorter"):
+        hash_job(window=week_window)
+    ring = ring_job().model_dump(include={"job", "partitions", "streams", "join"})
+    ring["streams"][0]["window"] = week_window
+    assert load(None, **ring).topics.for_role("by_key").config["retention.ms"] == str(7 * DAY)
