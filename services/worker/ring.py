@@ -24,7 +24,6 @@ from collections import deque
 import numpy as np
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
-from confluent_kafka.admin import NewTopic
 
 from streamjoin.engine.block import OFF, PART, TS, Block
 from streamjoin.engine.predicates import UDF_ERROR, compile_terms
@@ -44,6 +43,7 @@ from streamjoin.services.worker.processor import late_records
 from streamjoin.services.worker.output import Deliveries, ResultWriter
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.settings import JobSettings
+from streamjoin.topology import topics
 
 log = structlog.get_logger("streamjoin.worker.ring")
 MAX_HOP_BYTES = 4 << 20  # a Build or Partial above this (NumPy bytes) is split; see _pieces
@@ -391,17 +391,9 @@ def _empty(block: Block) -> Block:
 
 
 def ensure_hop_topic(job: JobSettings, cluster: kafka.Cluster, node: str) -> None:
-    """A ring node's inbox: one partition, so its predecessor's messages stay in order."""
-    admin = cluster.admin()
-    name = job.hop_topic(node)
-    if name in admin.list_topics(timeout=30).topics:
-        return
-    for fut in admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=30).values():
-        try:
-            fut.result()
-        except Exception as e:  # created concurrently by the head or the coordinator
-            if "already exists" not in str(e).lower():
-                raise
+    """A ring node's inbox: one partition, so its predecessor's messages stay in order; created
+    with the job's `topics.ring_hop` settings (concurrent creation by the head or the coordinator is fine)."""
+    topics.create_missing(cluster.admin(), [topics.hop_plan(job, node)], timeout=30)
 
 
 def run_ring_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
