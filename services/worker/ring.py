@@ -218,8 +218,12 @@ class RingHead:
         self.target = planner.layout
         m = len(self.job.streams)
         self.sources = worker.cluster.consumer(self.job.consumer_group)
-        self.sources.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in self.job.input_topics
-                             for p in range(self.job.partitions)])
+        metadata = worker.cluster.admin().list_topics(timeout=30).topics
+        # Ring mode does not partition by key: every partition of every source topic, whatever their counts.
+        self.source_partitions = [[TopicPartition(t, p) for p in sorted(metadata[t].partitions)]
+                                  for t in self.job.input_topics]
+        self.sources.assign([TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING)
+                             for parts in self.source_partitions for tp in parts])
         self.topic_stream = {t: i for i, t in enumerate(self.job.input_topics)}
         self.buffers: dict[int, RecordBuffer] = {}
         self.sequencer = Sequencer(m)
@@ -280,8 +284,7 @@ class RingHead:
         want = {i for i, b in enumerate(self.pending)
                 if len(b) >= cap and low is not None and self.max_ts[i] > low}  # type: ignore[operator]
         for i in want ^ self.paused:
-            parts = [TopicPartition(self.job.input_topics[i], p) for p in range(self.job.partitions)]
-            (self.sources.pause if i in want else self.sources.resume)(parts)
+            (self.sources.pause if i in want else self.sources.resume)(self.source_partitions[i])
         self.paused = want
 
     def _low_max_ts(self) -> int | None:
@@ -339,7 +342,7 @@ class RingHead:
     def _dead_letters(self, dead: list[DeadRecord]) -> None:
         for d in dead:
             topic = self.job.topic_of(self.job.streams[d.stream])
-            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key, partition=d.partition,
+            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key, partition=d.partition % self.job.partitions,
                                headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
             metrics.DEAD_LETTER.labels(d.reason).inc()
 
