@@ -342,8 +342,8 @@ class RingHead:
     def _dead_letters(self, dead: list[DeadRecord]) -> None:
         for d in dead:
             topic = self.job.topic_of(self.job.streams[d.stream])
-            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key, partition=d.partition % self.job.partitions,
-                               headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
+            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
+                               partition=d.partition % self.job.partitions, headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
             metrics.DEAD_LETTER.labels(d.reason).inc()
 
     def _release(self, handoff: dict[str, str] | None = None) -> None:
