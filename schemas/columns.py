@@ -75,3 +75,60 @@ def to_bytes_list(values: pa.Array) -> list[bytes]:
     elif pa.types.is_large_string(values.type):
         values = values.cast(pa.large_binary())
     return values.to_pylist()
+
+
+_BASE64 = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", np.uint8)
+_PAD, _NOT_BASE64 = 64, 255
+_BASE64_VALUE = np.full(256, _NOT_BASE64, np.uint8)
+_BASE64_VALUE[_BASE64] = np.arange(64, dtype=np.uint8)
+_BASE64_VALUE[ord("=")] = _PAD
+
+
+def base64_encode(values: pa.Array) -> pa.LargeStringArray:
+    """Standard, padded base64 (RFC 4648) of every value.
+
+    values: binary-like Arrow array without nulls."""
+    data, offsets = flat(values)
+    lengths = np.diff(offsets)
+    triples = (lengths + 2) // 3
+    # Each value's bytes, zero-padded to whole triples, end to end.
+    padded = np.zeros(3 * int(triples.sum()), np.uint8)
+    moved_by = np.repeat(3 * (np.cumsum(triples) - triples) - offsets[:-1], lengths)
+    padded[np.arange(offsets[0], offsets[-1]) + moved_by] = data[offsets[0]:offsets[-1]]
+    t = padded.reshape(-1, 3).astype(np.uint32)
+    v = (t[:, 0] << 16) | (t[:, 1] << 8) | t[:, 2]
+    chars = _BASE64[np.stack([v >> 18, (v >> 12) & 63, (v >> 6) & 63, v & 63], axis=1)].ravel()
+    ends, short_by = 4 * np.cumsum(triples), (3 - lengths % 3) % 3  # 1 or 2 '=' where the last triple is short
+    chars[ends[short_by == 2] - 2] = ord("=")
+    chars[ends[short_by >= 1] - 1] = ord("=")
+    return from_flat(pa.large_string(), chars, 4 * triples)
+
+
+def base64_decode(values: pa.Array) -> tuple[pa.LargeBinaryArray, np.ndarray]:
+    """(decoded values, bool mask of the values that were valid padded base64); invalid ones decode to b"".
+
+    values: string-like Arrow array without nulls."""
+    data, offsets = flat(values)
+    data = data[offsets[0]:offsets[-1]]
+    offsets = offsets - offsets[0]
+    lengths = np.diff(offsets)
+    digits = _BASE64_VALUE[data]
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    pads = np.bincount(row_of, weights=digits == _PAD, minlength=len(lengths)).astype(np.int64)
+    invalid = np.bincount(row_of, weights=digits == _NOT_BASE64, minlength=len(lengths)) > 0
+    # Padding is "=" or "==" at the very end: the last `pads` digits are all pads. (Two guard
+    # digits in front let every value's last two be read; masks drop what belongs to another.)
+    guarded, ends = np.concatenate([np.full(2, _NOT_BASE64, np.uint8), digits]), offsets[1:]
+    last_is_pad = (lengths > 0) & (guarded[ends + 1] == _PAD)
+    second_is_pad = (lengths > 1) & (guarded[ends] == _PAD) & last_is_pad
+    ok = (lengths % 4 == 0) & ~invalid & (pads == last_is_pad.astype(np.int64) + second_is_pad)
+    keep = ok[row_of]
+    quads = np.where(digits == _PAD, 0, digits)[keep].astype(np.uint32).reshape(-1, 4)
+    v = (quads[:, 0] << 18) | (quads[:, 1] << 12) | (quads[:, 2] << 6) | quads[:, 3]
+    decoded = np.stack([v >> 16, (v >> 8) & 255, v & 255], axis=1).astype(np.uint8).ravel()
+    sizes = np.where(ok, 3 * lengths // 4, 0)
+    drop = np.zeros(len(decoded), bool)  # the bytes that stand for padding
+    decoded_ends = np.cumsum(sizes)
+    drop[decoded_ends[ok & (pads >= 1)] - 1] = True
+    drop[decoded_ends[ok & (pads == 2)] - 2] = True
+    return from_flat(pa.large_binary(), decoded[~drop], sizes - np.where(ok, pads, 0)), ok
