@@ -23,11 +23,13 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from streamjoin.engine.block import Block
 from streamjoin.schemas import result_codec
+from streamjoin.schemas.columns import to_bytes_list
 from streamjoin.schemas.results import BatchCommit, dead_letter_headers
 from streamjoin.services import metrics
 from streamjoin.services.worker.processor import GroupBatch
@@ -91,15 +93,17 @@ class ResultWriter:
         records of `output.format: blocks`. Returns the number of records produced."""
         if self.format == "blocks":
             values = result_codec.encode_blocks(block)
-            keys = [blocks_key] * len(values)
+            keys: pa.Array | list[bytes] = [blocks_key] * len(values)
         else:
             values = (result_codec.encode_json if self.format == "json" else result_codec.encode_avro)(self.layout,
                                                                                                      block)
-            keys = result_codec.result_keys(self.layout, block, self.job.join.mode)
+            keys = result_codec.result_keys(self.layout, block)
         if group is not None:
             partitions = np.full(len(values), group, np.int32)
         else:
             partitions = partitions_for_keys(keys, self.job.partitions)
+        if isinstance(keys, pa.Array):
+            keys = to_bytes_list(keys)
         self._produce(keys, values, partitions)
         if len(block):
             metrics.RESULTS_OUT.inc(len(block))

@@ -101,7 +101,7 @@ def _results_present(job: JobSettings, cluster: kafka.Cluster, group: int,
     records = kafka.read_partition(cluster, job.results_topic, group, start, f"{job.consumer_group}-recovery")
     decoded = result_codec.decode_results(result_codec.result_layout(job), job.output.format,
                                           [m.value() for m in records])
-    ids = set(zip(decoded[RESULT_ID_HI].tolist(), decoded[RESULT_ID_LO].tolist()))
+    ids = set(zip(decoded.columns[RESULT_ID_HI].tolist(), decoded.columns[RESULT_ID_LO].tolist()))
     return ids, (records[-1].offset() + 1 if records else start)
 
 

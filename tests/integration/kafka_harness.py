@@ -61,7 +61,8 @@ def produced_refs(job: JobSettings, bootstrap: str) -> list[tuple[tuple[str, int
     records = read_all(bootstrap, job.results_topic, job.partitions, "check-out")
     decoded = decode_results(result_layout(job), job.output.format, [m.value() for m in records])
     assert not decoded.rejects, decoded.rejects[:3]
-    cols = [(job.topic_of(s), decoded[f"{s.name}.partition"].tolist(), decoded[f"{s.name}.offset"].tolist())
+    cols = [(job.topic_of(s), decoded.columns[f"{s.name}.partition"].tolist(),
+             decoded.columns[f"{s.name}.offset"].tolist())
             for s in job.streams]
     return [tuple((t, ps[r], os[r]) for t, ps, os in cols) for r in range(len(cols[0][1]))]
 
