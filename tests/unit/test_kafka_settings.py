@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from streamjoin.cli import app, default_job_file
 from streamjoin.launcher import write_job
 from streamjoin.services.kafka import Cluster
+from streamjoin.services.spark.kafka_source import NAME as KAFKA_SOURCE, options
 from streamjoin.settings import JobSettings, SettingsError, load
 from streamjoin.settings.job import RESERVED_KAFKA_SETTINGS
 from streamjoin.settings.kafka import KafkaSecret, is_secret
@@ -190,6 +191,13 @@ def test_a_masked_dump_loads_back(tmp_path: Path) -> None:
     again = JobSettings.model_validate_json(job.model_dump_json())
     assert again.kafka_client() == {"sasl.password": MASK, "client.id": "joins"}
     assert again.streams == job.streams
+
+
+def test_spark_plans_do_not_show_client_secrets(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    job = load(_job_file(tmp_path, {"sasl.password": SECRET}), bootstrap="127.0.0.1:1")
+    frame = spark.read.format(KAFKA_SOURCE).options(**options(Cluster.of(job))).option("topics", "t").load()
+    plans = frame._jdf.queryExecution().toString()  # parsed, analysed, optimised and physical, as Spark logs them
+    assert "BatchScan streamjoin-kafka" in plans and SECRET not in plans
 
 
 # ------------------------------------------------------- the launcher's job file
