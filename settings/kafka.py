@@ -80,11 +80,13 @@ class SecretSource:
         """The secret's value for property `name`, from the file or from `environ`.
         A missing, unreadable or empty source is a ValueError naming `name` (never the value)."""
         if self.file is not None:
-            try:
-                value = self.file.read_text().rstrip("\r\n")
-            except (OSError, UnicodeDecodeError) as e:
-                raise ValueError(f"{name}: cannot read {{file: {self.file}}}: {getattr(e, 'strerror', None) or e}") from None
             where = f"{{file: {self.file}}}"
+            try:
+                value = self.file.read_text(encoding="utf-8").rstrip("\r\n")
+            except OSError as e:
+                raise ValueError(f"{name}: cannot read {where}: {e.strerror}") from None
+            except UnicodeDecodeError:  # its message would quote the bytes
+                raise ValueError(f"{name}: {where} is not UTF-8 text") from None
         else:
             assert self.env is not None
             if self.env not in environ:

@@ -131,6 +131,7 @@ def test_reserved_property_from_the_environment_exits_2_naming_it(monkeypatch: p
     ({"file": "/no/such/file"}, "sasl.password: cannot read {file: /no/such/file}: No such file or directory"),
     ({"file": "."}, "sasl.password: cannot read {file: "),
     ({"file": "empty"}, "sasl.password: {file: "),
+    ({"file": "binary"}, "is not UTF-8 text"),
     ({"env": "STREAMJOIN_TEST_UNSET"}, "sasl.password: {env: STREAMJOIN_TEST_UNSET} names a variable that is not set"),
     ({"file": "a", "env": "B"}, "sasl.password: a reference is {file: PATH} or {env: NAME}"),
     ({"path": "a"}, "sasl.password: a reference is {file: PATH} or {env: NAME}"),
@@ -139,6 +140,7 @@ def test_bad_reference_exits_2_naming_the_property(tmp_path: Path, monkeypatch: 
                                                    reference: dict, words: str) -> None:
     monkeypatch.chdir(tmp_path)
     _secret_file(tmp_path, "", "empty")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe" + SECRET.encode())
     monkeypatch.delenv("STREAMJOIN_TEST_UNSET", raising=False)
     result = runner.invoke(app, ["topics", "check", "--job", str(_job_file(tmp_path, {"sasl.password": reference})),
                                  "--bootstrap", "127.0.0.1:1"])
@@ -174,7 +176,8 @@ def test_errors_never_show_a_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_secrets_are_masked_wherever_settings_are_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMJOIN_KAFKA__SASL_PASSWORD", SECRET)
     monkeypatch.setenv("KEY_PASSWORD", SECRET + "-key")
-    path = _job_file(tmp_path, {"ssl.keystore.password": SECRET + "-inline", "ssl.key.password": {"env": "KEY_PASSWORD"},
+    path = _job_file(tmp_path, {"ssl.keystore.password": SECRET + "-inline",
+                                "ssl.key.password": {"env": "KEY_PASSWORD"},
                                 "ssl.key.pem": {"file": str(_secret_file(tmp_path, SECRET + "-pem"))}})
     job = load(path, bootstrap="kafka:9092")
     shown = [repr(job), str(job), job.model_dump_json(), json.dumps(job.model_dump(mode="json")), repr(job.kafka),
