@@ -32,6 +32,8 @@ _AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boole
 # Block-format records hold many tuples at one Kafka offset; a tuple's offset
 # column is (record offset << BLOCK_SHIFT) | index so tuple ids stay unique.
 BLOCK_SHIFT = 20
+# A block the repartitioner forwards holds some of a record's tuples, each with its index in that record.
+BLOCK_INDEX = "_sj_index"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Reject:
 class Decoded:
     block: Block
     rejects: list[Reject]
+    records: np.ndarray  # per tuple: its record's position in the decoded batch
 
 
 def arrow_schema(spec: StreamSpec) -> pa.Schema:
@@ -138,7 +141,7 @@ def decode_json(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
             rejects.append(Reject(int(i), "malformed", _check_one_json(spec, values[i]) or "null field"))
         table = table.filter(pa.array(~nulls))
         idx = idx[~nulls]
-    return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects)
+    return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects, idx)
 
 
 def _describe_unparsable(spec: StreamSpec, value: bytes | None) -> str:
@@ -175,33 +178,46 @@ def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
             rejects.append(Reject(i, "malformed", f"not Avro for stream {spec.name}: {type(e).__name__}: {e}"))
     idx = np.asarray(keep, dtype=np.int64)
     table = pa.Table.from_pylist(rows, schema=arrow_schema(spec)) if rows else arrow_schema(spec).empty_table()
-    return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects)
+    return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects, idx)
 
 
 def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
                   arr: np.ndarray) -> Decoded:
-    tables, parts, offs, arrs, rejects = [], [], [], [], []
+    tables, records, offs, rejects = [], [], [], []
     want = arrow_schema(spec)
     for i, v in enumerate(values):
         try:
-            t = pa.ipc.open_stream(v or b"").read_all().select(list(spec.fields)).cast(want)
+            whole = pa.ipc.open_stream(v or b"").read_all()
+            t = whole.select(list(spec.fields)).cast(want)
+            index = _tuple_index(whole)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, ValueError) as e:
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of stream {spec.name}: {e}"))
             continue
         tables.append(t)
-        n = t.num_rows
-        parts.append(np.full(n, part[i], np.int32))
-        offs.append((np.int64(off[i]) << BLOCK_SHIFT) + np.arange(n, dtype=np.int64))
-        arrs.append(np.full(n, arr[i], np.int64))
+        records.append(np.full(t.num_rows, i, np.int64))
+        offs.append((np.int64(off[i]) << BLOCK_SHIFT) + index)
     if not tables:
-        return Decoded(table_to_block(spec, want.empty_table(), *(np.empty(0, np.int64),) * 3), rejects)
+        empty = np.empty(0, np.int64)
+        return Decoded(table_to_block(spec, want.empty_table(), empty, empty, empty), rejects, empty)
     table = pa.concat_tables(tables)
+    record = np.concatenate(records)
     nulls = _null_rows(table)
-    block = table_to_block(spec, table, np.concatenate(parts), np.concatenate(offs), np.concatenate(arrs))
+    block = table_to_block(spec, table, part[record], np.concatenate(offs), arr[record])
     if nulls.any():
         # A block is one record: a null anywhere rejects the rows, reported against the record.
-        block = block.filter(~nulls)
-    return Decoded(block, rejects)
+        block, record = block.filter(~nulls), record[~nulls]
+    return Decoded(block, rejects, record)
+
+
+def _tuple_index(table: pa.Table) -> np.ndarray:
+    """Each tuple's index in its record: its row, or for a block forwarded by the
+    repartitioner (a subset of a record's tuples) the BLOCK_INDEX column it carries."""
+    if BLOCK_INDEX not in table.column_names:
+        return np.arange(table.num_rows, dtype=np.int64)
+    index = table.column(BLOCK_INDEX).to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(index) and (index.min() < 0 or index.max() >= 1 << BLOCK_SHIFT):
+        raise ValueError(f"{BLOCK_INDEX} outside 0..{(1 << BLOCK_SHIFT) - 1}")
+    return index
 
 
 DECODERS = {"json": decode_json, "avro": decode_avro, "blocks": decode_blocks}
@@ -248,6 +264,6 @@ def decode_block(data: bytes) -> Block:
 
 
 __all__ = [
-    "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_SHIFT", "DECODERS", "Decoded", "Reject",
+    "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_INDEX", "BLOCK_SHIFT", "DECODERS", "Decoded", "Reject",
     "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact",
 ]

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamjoin.settings import kafka as kafka_settings
 from streamjoin.settings.kafka import KafkaSecret, KafkaValue
+from streamjoin.settings.topics import KEEP_FOREVER, TopicsSpec
 
 FieldType = Literal["int", "float", "str", "bool", "bytes"]
 HASH_KEY_TYPES = ("int", "str", "bool")
@@ -212,6 +213,9 @@ class JobSettings(BaseModel):
     ring: RingSpec = RingSpec()
     workload: WorkloadSpec = WorkloadSpec()
     output: OutputSpec = OutputSpec()
+    topics: TopicsSpec = Field(
+        default_factory=TopicsSpec,
+        description="replication, min.insync.replicas, retention, cleanup policy and other configs per topic role")
     kafka: dict[str, KafkaValue | KafkaSecret] = Field(
         default_factory=dict,
         description="librdkafka properties for every client the job creates (security.protocol, sasl.*, ssl.*, "
@@ -252,6 +256,7 @@ class JobSettings(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"stream names must be unique, got {names}")
         self._check_names()
+        self._check_retention()
         if self.join.mode == "hash":
             self._check_hash_mode()
         else:
@@ -267,6 +272,18 @@ class JobSettings(BaseModel):
             bad = [f"{s.name}.{f}" for s in self.streams for f in s.fields if not AVRO_NAME.fullmatch(f)]
             if bad:
                 raise ValueError(f"output.format avro needs Avro names ([A-Za-z_][A-Za-z0-9_]*) for fields, got {bad}")
+
+    def _check_retention(self) -> None:
+        """Input and by-key topics are what a window is rebuilt from: their retention must hold a
+        record for its stream's time window plus the allowed lateness (late records carry older times)."""
+        needed = self.longest_time_window_ms + self.join.allowed_lateness_ms
+        roles = ("input", "by_key") if self.join.mode == "hash" else ("input",)  # by-key topics exist in hash mode only
+        for role in roles:
+            retention = self.topics.effective(role).retention_ms
+            if retention is not None and retention != KEEP_FOREVER and retention < needed:
+                raise ValueError(f"topics.{role}.retention_ms {retention} is shorter than the longest time window plus "
+                                 f"join.allowed_lateness_ms ({needed} ms): records would expire while a window "
+                                 "still needs them")
 
     def _check_hash_mode(self) -> None:
         if self.join.predicate:
@@ -302,6 +319,11 @@ class JobSettings(BaseModel):
         if isinstance(self.ring.nodes, int) and not 1 <= self.ring.nodes <= self.ring.max_nodes:
             raise ValueError(f"ring.nodes={self.ring.nodes} is impossible: give 1..ring.max_nodes "
                              f"({self.ring.max_nodes}) or 'auto'")
+
+    @property
+    def longest_time_window_ms(self) -> int:
+        """The longest RANGE window over the streams (0 when all windows count rows)."""
+        return max((s.window.range_ms or 0 for s in self.streams), default=0)
 
     def topic_of(self, stream: StreamSpec) -> str:
         return stream.topic or f"{self.job}.{stream.name}"
@@ -412,4 +434,5 @@ class _EnvOnly(BaseSettings):
     ring: dict[str, Any] | None = None
     workload: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
+    topics: dict[str, Any] | None = None
     # kafka: read by streamjoin.settings.kafka.from_environment, which keeps secrets as {env:} references.

@@ -146,7 +146,7 @@ def test_sources_write_the_workload(world: World) -> None:
 
 
 def test_verify_accepts_a_correct_join(world: World, tmp_path: Path) -> None:
-    report = run_verify(world.job, world.bootstrap, tmp_path / "report.json", tmp_path / "delay.png")
+    report = run_verify(world.job, kafka.Cluster(world.bootstrap), tmp_path / "report.json", tmp_path / "delay.png")
     assert report["verified"], report
     assert report["expected"] == report["results"] == len(world.results)
     assert (report["missing"], report["extra"], report["duplicates"], report["bad_ids"]) == (0, 0, 0, 0)
