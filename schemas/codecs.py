@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, system_block
+from streamjoin.schemas.columns import binary_array, string_array
 from streamjoin.settings import StreamSpec
 
 _ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "bytes": pa.binary()}
@@ -190,7 +191,7 @@ def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.nda
             whole = pa.ipc.open_stream(v or b"").read_all()
             t = whole.select(list(spec.fields)).cast(want)
             index = _tuple_index(whole)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, ValueError) as e:
+        except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of stream {spec.name}: {e}"))
             continue
         tables.append(t)
@@ -223,21 +224,14 @@ def _tuple_index(table: pa.Table) -> np.ndarray:
 DECODERS = {"json": decode_json, "avro": decode_avro, "blocks": decode_blocks}
 
 
-def _binary_array(values: np.ndarray) -> pa.Array:
-    """A NumPy bytes column as Arrow binary, byte for byte. (`pa.array` stops each
-    value at its first NUL byte, which would cut images short.) NumPy's own
-    convention holds: a value ends at its last non-NUL byte."""
-    n, width = len(values), values.dtype.itemsize
-    raw = np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).reshape(n, width)
-    nonzero = raw != 0
-    lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    data = raw[np.arange(width) < lengths[:, None]]
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes())])
-
-
 def _arrow_column(values: np.ndarray) -> pa.Array:
-    return _binary_array(values) if values.dtype.kind == "S" else pa.array(values)
+    """A block column as Arrow, byte for byte (`pa.array` would cut str and bytes values at their
+    first NUL); str and bytes keep Arrow's 32-bit-offset types, which every block reader expects."""
+    if values.dtype.kind == "S":
+        return binary_array(values).cast(pa.binary())
+    if values.dtype.kind == "U":
+        return string_array(values).cast(pa.string())
+    return pa.array(values)
 
 
 def encode_block(block: Block) -> bytes:

@@ -30,6 +30,8 @@ plan_app = typer.Typer(no_args_is_help=True, help="Cost-model plans.")
 app.add_typer(plan_app, name="plan")
 ring_app = typer.Typer(no_args_is_help=True, help="Resize a PSP ring (ring mode jobs).")
 app.add_typer(ring_app, name="ring")
+schema_app = typer.Typer(no_args_is_help=True, help="Schemas of what the job writes.")
+app.add_typer(schema_app, name="schema")
 console = Console(stderr=True, soft_wrap=True)
 
 JobOpt = Annotated[Optional[Path], typer.Option("--job", help="YAML job file (default: the seed-000 demo job)")]
@@ -285,6 +287,14 @@ def ring_remove(worker_id: Annotated[str, typer.Argument(help="a ring node other
                 job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
     """Take a node out of the ring (its slices move to a neighbour first); then it can be stopped."""
     _ring_change("remove", worker_id, job, bootstrap)
+
+
+@schema_app.command("results")
+def schema_results(job: JobOpt = None) -> None:
+    """Print the Avro schema (.avsc) of the job's result records (output.format avro)."""
+    from streamjoin.schemas.result_codec import result_layout, results_avro_schema
+
+    print(json.dumps(results_avro_schema(result_layout(_settings(job))), indent=2))
 
 
 @app.command()
