@@ -22,8 +22,18 @@ from streamjoin.settings import JobSettings
 
 
 def write_job(job: JobSettings, path: Path) -> Path:
+    """Write `job` to `path` as the job file the child services load; returns `path`.
+
+    Kafka secrets given by reference stay references (`{env: NAME}`, `{file: PATH}`,
+    STREAMJOIN_KAFKA__* as `{env: ...}`): the children inherit this environment and see the
+    same files, so the value never lands here. A secret given inline in the job file has no
+    other home and is written as it is: so the file is created owner-only (0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
+    text = yaml.safe_dump(job.job_file_data(), sort_keys=False)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that exists already
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     return path
 
 
