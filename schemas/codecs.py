@@ -179,13 +179,22 @@ def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
     return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects)
 
 
+def read_ipc(value: bytes) -> pa.Table:
+    """The table of one Arrow IPC stream record, fully validated: a damaged record can read
+    without error yet hold invalid UTF-8 or offsets, which would crash a later conversion.
+    Raises pa.ArrowException (OSError for some damage) on a bad record."""
+    table = pa.ipc.open_stream(value).read_all()
+    table.validate(full=True)
+    return table
+
+
 def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
                   arr: np.ndarray) -> Decoded:
     tables, parts, offs, arrs, rejects = [], [], [], [], []
     want = arrow_schema(spec)
     for i, v in enumerate(values):
         try:
-            t = pa.ipc.open_stream(v or b"").read_all().select(list(spec.fields)).cast(want)
+            t = read_ipc(v or b"").select(list(spec.fields)).cast(want)
         except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of stream {spec.name}: {e}"))
             continue
@@ -243,5 +252,5 @@ def decode_block(data: bytes) -> Block:
 
 __all__ = [
     "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_SHIFT", "DECODERS", "Decoded", "Reject",
-    "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact",
+    "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact", "read_ipc",
 ]

@@ -38,7 +38,7 @@ import pyarrow.json as pajson
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import (EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, parse_result_id_hex,
                                           result_id_hex)
-from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block
+from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
 from streamjoin.schemas.columns import (base64_decode, base64_encode, binary_array, flat, from_flat, string_array,
                                         to_bytes_list)
 from streamjoin.settings import FieldType, JobSettings
@@ -613,7 +613,7 @@ def _decode_blocks(layout: ResultLayout, values: Sequence[bytes | None]) -> Deco
     tables, rejects = [], []
     for i, value in enumerate(values):
         try:
-            table = pa.ipc.open_stream(value or b"").read_all().select(schema.names).cast(schema)
+            table = read_ipc(value or b"").select(schema.names).cast(schema)
         except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of results: {e}"))
             continue
