@@ -492,7 +492,8 @@ def _problems(layout: ResultLayout, table: pa.Table) -> list[tuple[np.ndarray, s
     out = [(table.column(name).is_null().to_numpy(zero_copy_only=False), f"missing {name}")
            for name in table.column_names if not pa.types.is_floating(table.column(name).type)]  # null float = NaN
     ids = table.column("result_id").fill_null("")
-    out.append((~pc.match_substring_regex(ids, _HEX_ID).to_numpy(zero_copy_only=False), "result_id is not 32 hex digits"))
+    hex_ids = pc.match_substring_regex(ids, _HEX_ID).to_numpy(zero_copy_only=False)
+    out.append((~hex_ids, "result_id is not 32 hex digits"))
     for s in layout.streams:
         ref = f"inputs.{s.name}"
         out.append((pc.not_equal(table.column(f"{ref}.topic"), s.topic).fill_null(False).to_numpy(zero_copy_only=False),

@@ -127,7 +127,8 @@ def _formats(layout: ResultLayout, block: Block, repeats: int) -> dict:
         out[fmt] = {"encode_us_per_result": _us_per_item(encode, rows, repeats),
                     "bytes_per_result": round(sum(map(len, values)) / rows, 1),
                     "decode_us_per_result": _us_per_item(lambda: decode_results(layout, fmt, values), rows, 1)}
-    for fmt, assemble in (("json", lambda: json_documents(layout, block)), ("avro", lambda: avro_values(layout, block))):
+    for fmt, assemble in (("json", lambda: json_documents(layout, block)),
+                          ("avro", lambda: avro_values(layout, block))):
         arrow = assemble()
         out[fmt]["of_which_assembly_us"] = _us_per_item(assemble, rows, repeats)
         out[fmt]["of_which_to_bytes_us"] = _us_per_item(lambda: to_bytes_list(arrow), rows, repeats)
