@@ -49,6 +49,7 @@ FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
 VALUES = {"int": INT64, "float": FLOATS, "str": st.one_of(TEXT, TRICKY_TEXT), "bool": st.booleans(), "bytes": RAW}
 DTYPES = {"int": np.int64, "float": np.float64, "str": str, "bool": np.bool_, "bytes": bytes}
 FIELD_NAMES = ["a", "b_2", "Cc", "pad", "x"]
+JSON_ONLY_NAMES = ['q"t', "é\\", "sp ace"]  # fine for JSON output, not Avro names
 
 
 # --------------------------------------------------------------- jobs, blocks
@@ -65,7 +66,8 @@ def jobs(draw: st.DrawFn, output: str = "json", min_streams: int = 2, max_stream
     key_type = draw(st.sampled_from(["int", "str", "bool"]))
     specs = []
     for i in range(draw(st.integers(min_streams, max_streams))):
-        extra = draw(st.dictionaries(st.sampled_from(FIELD_NAMES), st.sampled_from(list(VALUES)), max_size=3))
+        names = FIELD_NAMES + (JSON_ONLY_NAMES if output == "json" else [])
+        extra = draw(st.dictionaries(st.sampled_from(names), st.sampled_from(list(VALUES)), max_size=3))
         fields = {"ts": "int", **extra}
         spec = {"name": f"s{i}", "fields": fields, "time_field": "ts", "window": {"range_ms": 10},
                 "format": draw(st.sampled_from(FMTS))}
