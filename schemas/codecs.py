@@ -182,13 +182,22 @@ def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
     return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects, idx)
 
 
+def read_ipc(value: bytes) -> pa.Table:
+    """The table of one Arrow IPC stream record, fully validated: a damaged record can read
+    without error yet hold invalid UTF-8 or offsets, which would crash a later conversion.
+    Raises pa.ArrowException (OSError for some damage) on a bad record."""
+    table = pa.ipc.open_stream(value).read_all()
+    table.validate(full=True)
+    return table
+
+
 def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
                   arr: np.ndarray) -> Decoded:
     tables, records, offs, rejects = [], [], [], []
     want = arrow_schema(spec)
     for i, v in enumerate(values):
         try:
-            whole = pa.ipc.open_stream(v or b"").read_all()
+            whole = read_ipc(v or b"")
             t = whole.select(list(spec.fields)).cast(want)
             index = _tuple_index(whole)
         except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
@@ -259,5 +268,5 @@ def decode_block(data: bytes) -> Block:
 
 __all__ = [
     "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_INDEX", "BLOCK_SHIFT", "DECODERS", "Decoded", "Reject",
-    "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact",
+    "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact", "read_ipc",
 ]

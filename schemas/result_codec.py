@@ -38,7 +38,7 @@ import pyarrow.json as pajson
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import (EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, parse_result_id_hex,
                                           result_id_hex)
-from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block
+from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
 from streamjoin.schemas.columns import (base64_decode, base64_encode, binary_array, flat, from_flat, string_array,
                                         to_bytes_list)
 from streamjoin.settings import FieldType, JobSettings
@@ -400,31 +400,25 @@ def _record_schema(layout: ResultLayout, bytes_type: pa.DataType) -> pa.Schema:
                         for s in layout.streams]])
 
 
-def _read_json(schema: pa.Schema, lines: Sequence[bytes]) -> pa.Table:
-    """Arrow's C++ JSON reader over `lines` (one document each), in one block so no line straddles two."""
-    data = b"\n".join(lines)
+def _read_json(schema: pa.Schema, data: bytes) -> pa.Table:
+    """Arrow's C++ JSON reader over newline-separated documents, in one block so none straddles two."""
     return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=max(len(data) + 1, 1 << 16)),
                             parse_options=pajson.ParseOptions(explicit_schema=schema,
                                                               unexpected_field_behavior="ignore"))
 
 
-_JSON_SPACE = (0x20, 0x09, 0x0A, 0x0D)
-
-
-def _not_one_object_line(values: pa.BinaryArray) -> np.ndarray:
-    """Values the line-oriented reader must not take in bulk: null, blank, broken over lines, or
-    not starting with "{" (pyarrow 26's reader crashes when the first document is a bare null)."""
-    data, offsets = flat(values.fill_null(b""))
-    data, starts, ends = data[offsets[0]:offsets[-1]], offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
-    per_row = np.repeat(np.arange(len(values)), ends - starts)
-    breaks = np.bincount(per_row, weights=(data == 0x0A) | (data == 0x0D), minlength=len(values))
-    ink_at = np.flatnonzero(~np.isin(data, _JSON_SPACE))
-    first_ink = np.searchsorted(ink_at, starts)  # each row's first non-space byte, if it is the row's
-    has_ink = first_ink < len(ink_at)
-    has_ink[has_ink] = ink_at[first_ink[has_ink]] < ends[has_ink]
-    opens_object = np.zeros(len(values), bool)
-    opens_object[has_ink] = data[ink_at[first_ink[has_ink]]] == ord("{")
-    return (breaks > 0) | ~opens_object | values.is_null().to_numpy(zero_copy_only=False)
+def _objects_one_per_line(values: Sequence[bytes | None], joined: bytes) -> bool:
+    """Whether `joined` (the values joined by newlines) holds one line per value, each opening an
+    object: then each line yields at least one row, and n rows mean one each. (A compact record
+    opens with "{"; pyarrow 26's reader crashes when the first document is a bare null.)"""
+    if joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
+        return False
+    raw = pa.array(values, pa.binary())
+    if raw.null_count:
+        return False
+    data, offsets = flat(raw)
+    starts, ends = offsets[:-1], offsets[1:]
+    return bool((ends > starts).all() and (data[starts] == ord("{")).all())
 
 
 def _json_records(layout: ResultLayout, values: Sequence[bytes | None],
@@ -432,10 +426,10 @@ def _json_records(layout: ResultLayout, values: Sequence[bytes | None],
     """(nested records, their positions in `values`); unparsable values go to `rejects`.
     All at once when every value parses; else value by value, to name the bad ones."""
     schema = _record_schema(layout, pa.string())
-    # With every value one line opening an object, each line yields at least one row: n rows means one each.
-    if not _not_one_object_line(pa.array(values, pa.binary())).any():
+    joined = b"\n".join(v or b"" for v in values)
+    if values and _objects_one_per_line(values, joined):
         try:
-            table = _read_json(schema, values)  # type: ignore[arg-type]
+            table = _read_json(schema, joined)
             if table.num_rows == len(values):
                 return table, np.arange(len(values))
         except (pa.ArrowInvalid, pa.ArrowTypeError):
@@ -450,7 +444,7 @@ def _json_one_by_one(schema: pa.Schema, values: Sequence[bytes | None],
         problem = _json_shape_problem(value)
         if problem is None:
             try:
-                table = _read_json(schema, [value])  # type: ignore[list-item]
+                table = _read_json(schema, value)  # type: ignore[arg-type]
                 problem = None if table.num_rows == 1 else f"{table.num_rows} JSON documents in one value"
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
                 problem = f"not a result record: {e}"
@@ -498,7 +492,8 @@ def _problems(layout: ResultLayout, table: pa.Table) -> list[tuple[np.ndarray, s
     out = [(table.column(name).is_null().to_numpy(zero_copy_only=False), f"missing {name}")
            for name in table.column_names if not pa.types.is_floating(table.column(name).type)]  # null float = NaN
     ids = table.column("result_id").fill_null("")
-    out.append((~pc.match_substring_regex(ids, _HEX_ID).to_numpy(zero_copy_only=False), "result_id is not 32 hex digits"))
+    hex_ids = pc.match_substring_regex(ids, _HEX_ID).to_numpy(zero_copy_only=False)
+    out.append((~hex_ids, "result_id is not 32 hex digits"))
     for s in layout.streams:
         ref = f"inputs.{s.name}"
         out.append((pc.not_equal(table.column(f"{ref}.topic"), s.topic).fill_null(False).to_numpy(zero_copy_only=False),
@@ -619,7 +614,7 @@ def _decode_blocks(layout: ResultLayout, values: Sequence[bytes | None]) -> Deco
     tables, rejects = [], []
     for i, value in enumerate(values):
         try:
-            table = pa.ipc.open_stream(value or b"").read_all().select(schema.names).cast(schema)
+            table = read_ipc(value or b"").select(schema.names).cast(schema)
         except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of results: {e}"))
             continue

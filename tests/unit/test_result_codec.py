@@ -49,6 +49,7 @@ FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
 VALUES = {"int": INT64, "float": FLOATS, "str": st.one_of(TEXT, TRICKY_TEXT), "bool": st.booleans(), "bytes": RAW}
 DTYPES = {"int": np.int64, "float": np.float64, "str": str, "bool": np.bool_, "bytes": bytes}
 FIELD_NAMES = ["a", "b_2", "Cc", "pad", "x"]
+JSON_ONLY_NAMES = ['q"t', "é\\", "sp ace"]  # fine for JSON output, not Avro names
 
 
 # --------------------------------------------------------------- jobs, blocks
@@ -65,7 +66,8 @@ def jobs(draw: st.DrawFn, output: str = "json", min_streams: int = 2, max_stream
     key_type = draw(st.sampled_from(["int", "str", "bool"]))
     specs = []
     for i in range(draw(st.integers(min_streams, max_streams))):
-        extra = draw(st.dictionaries(st.sampled_from(FIELD_NAMES), st.sampled_from(list(VALUES)), max_size=3))
+        names = FIELD_NAMES + (JSON_ONLY_NAMES if output == "json" else [])
+        extra = draw(st.dictionaries(st.sampled_from(names), st.sampled_from(list(VALUES)), max_size=3))
         fields = {"ts": "int", **extra}
         spec = {"name": f"s{i}", "fields": fields, "time_field": "ts", "window": {"range_ms": 10},
                 "format": draw(st.sampled_from(FMTS))}
@@ -108,7 +110,8 @@ def blocks(draw: st.DrawFn, layout: ResultLayout, max_rows: int = 6) -> Block:
 
 
 def seed000_block(n: int, seed: int = 0) -> tuple[ResultLayout, Block]:
-    """A block like seed 000's: int key, ts, 48-character pad per stream, ids from real refs."""
+    """The default job's layout and a block like seed 000's results: int key, ts, 48-character pad
+    per stream, ids from random refs."""
     layout = result_layout(load(default_job_file()))
     rng = np.random.default_rng(seed)
     parts = [rng.integers(0, 60, n).astype(np.int32) for _ in layout.streams]
@@ -116,9 +119,8 @@ def seed000_block(n: int, seed: int = 0) -> tuple[ResultLayout, Block]:
     ts = [1_700_000_000_000 + rng.integers(0, 60_000, n) for _ in layout.streams]
     key = rng.integers(0, 1 << 21, n)
     cols = result_head([s.topic for s in layout.streams], parts, offs, np.max(ts, axis=0), 1_700_000_100_000)
-    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", "S1")
     for i, s in enumerate(layout.streams):
-        pad = rng.choice(letters, (n, 48)).view("S48").ravel().astype("U48")
+        pad = np.array(["".join(rng.choice(list("abcdefghij\"é"), 48)) for _ in range(n)], "U48")
         cols |= {f"{s.name}.partition": parts[i], f"{s.name}.offset": offs[i], f"{s.name}.ts": ts[i],
                  f"{s.name}.k": key, f"{s.name}.pad": pad}
     return layout, Block(cols | {"newest_arrival_ms": np.zeros(n, np.int64)})
@@ -488,3 +490,4 @@ def test_json_reader_survives_a_bare_null_first() -> None:
     decoded = decode_results(layout, "json", [b"null", b" null", *encode_json(layout, block)])
     assert [(r.index, r.detail) for r in decoded.rejects] == [(0, "not a JSON object"), (1, "not a JSON object")]
     assert_columns_equal(decoded.columns, block)
+
