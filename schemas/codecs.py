@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, system_block
+from streamjoin.schemas.columns import binary_array, string_array
 from streamjoin.settings import StreamSpec
 
 _ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "bytes": pa.binary()}
@@ -32,6 +33,8 @@ _AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boole
 # Block-format records hold many tuples at one Kafka offset; a tuple's offset
 # column is (record offset << BLOCK_SHIFT) | index so tuple ids stay unique.
 BLOCK_SHIFT = 20
+# A block the repartitioner forwards holds some of a record's tuples, each with its index in that record.
+BLOCK_INDEX = "_sj_index"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Reject:
 class Decoded:
     block: Block
     rejects: list[Reject]
+    records: np.ndarray  # per tuple: its record's position in the decoded batch
 
 
 def arrow_schema(spec: StreamSpec) -> pa.Schema:
@@ -138,7 +142,7 @@ def decode_json(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
             rejects.append(Reject(int(i), "malformed", _check_one_json(spec, values[i]) or "null field"))
         table = table.filter(pa.array(~nulls))
         idx = idx[~nulls]
-    return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects)
+    return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects, idx)
 
 
 def _describe_unparsable(spec: StreamSpec, value: bytes | None) -> str:
@@ -175,53 +179,68 @@ def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
             rejects.append(Reject(i, "malformed", f"not Avro for stream {spec.name}: {type(e).__name__}: {e}"))
     idx = np.asarray(keep, dtype=np.int64)
     table = pa.Table.from_pylist(rows, schema=arrow_schema(spec)) if rows else arrow_schema(spec).empty_table()
-    return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects)
+    return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects, idx)
+
+
+def read_ipc(value: bytes) -> pa.Table:
+    """The table of one Arrow IPC stream record, fully validated: a damaged record can read
+    without error yet hold invalid UTF-8 or offsets, which would crash a later conversion.
+    Raises pa.ArrowException (OSError for some damage) on a bad record."""
+    table = pa.ipc.open_stream(value).read_all()
+    table.validate(full=True)
+    return table
 
 
 def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
                   arr: np.ndarray) -> Decoded:
-    tables, parts, offs, arrs, rejects = [], [], [], [], []
+    tables, records, offs, rejects = [], [], [], []
     want = arrow_schema(spec)
     for i, v in enumerate(values):
         try:
-            t = pa.ipc.open_stream(v or b"").read_all().select(list(spec.fields)).cast(want)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, ValueError) as e:
+            whole = read_ipc(v or b"")
+            t = whole.select(list(spec.fields)).cast(want)
+            index = _tuple_index(whole)
+        except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of stream {spec.name}: {e}"))
             continue
         tables.append(t)
-        n = t.num_rows
-        parts.append(np.full(n, part[i], np.int32))
-        offs.append((np.int64(off[i]) << BLOCK_SHIFT) + np.arange(n, dtype=np.int64))
-        arrs.append(np.full(n, arr[i], np.int64))
+        records.append(np.full(t.num_rows, i, np.int64))
+        offs.append((np.int64(off[i]) << BLOCK_SHIFT) + index)
     if not tables:
-        return Decoded(table_to_block(spec, want.empty_table(), *(np.empty(0, np.int64),) * 3), rejects)
+        empty = np.empty(0, np.int64)
+        return Decoded(table_to_block(spec, want.empty_table(), empty, empty, empty), rejects, empty)
     table = pa.concat_tables(tables)
+    record = np.concatenate(records)
     nulls = _null_rows(table)
-    block = table_to_block(spec, table, np.concatenate(parts), np.concatenate(offs), np.concatenate(arrs))
+    block = table_to_block(spec, table, part[record], np.concatenate(offs), arr[record])
     if nulls.any():
         # A block is one record: a null anywhere rejects the rows, reported against the record.
-        block = block.filter(~nulls)
-    return Decoded(block, rejects)
+        block, record = block.filter(~nulls), record[~nulls]
+    return Decoded(block, rejects, record)
+
+
+def _tuple_index(table: pa.Table) -> np.ndarray:
+    """Each tuple's index in its record: its row, or for a block forwarded by the
+    repartitioner (a subset of a record's tuples) the BLOCK_INDEX column it carries."""
+    if BLOCK_INDEX not in table.column_names:
+        return np.arange(table.num_rows, dtype=np.int64)
+    index = table.column(BLOCK_INDEX).to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(index) and (index.min() < 0 or index.max() >= 1 << BLOCK_SHIFT):
+        raise ValueError(f"{BLOCK_INDEX} outside 0..{(1 << BLOCK_SHIFT) - 1}")
+    return index
 
 
 DECODERS = {"json": decode_json, "avro": decode_avro, "blocks": decode_blocks}
 
 
-def _binary_array(values: np.ndarray) -> pa.Array:
-    """A NumPy bytes column as Arrow binary, byte for byte. (`pa.array` stops each
-    value at its first NUL byte, which would cut images short.) NumPy's own
-    convention holds: a value ends at its last non-NUL byte."""
-    n, width = len(values), values.dtype.itemsize
-    raw = np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).reshape(n, width)
-    nonzero = raw != 0
-    lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    data = raw[np.arange(width) < lengths[:, None]]
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes())])
-
-
 def _arrow_column(values: np.ndarray) -> pa.Array:
-    return _binary_array(values) if values.dtype.kind == "S" else pa.array(values)
+    """A block column as Arrow, byte for byte (`pa.array` would cut str and bytes values at their
+    first NUL); str and bytes keep Arrow's 32-bit-offset types, which every block reader expects."""
+    if values.dtype.kind == "S":
+        return binary_array(values).cast(pa.binary())
+    if values.dtype.kind == "U":
+        return string_array(values).cast(pa.string())
+    return pa.array(values)
 
 
 def encode_block(block: Block) -> bytes:
@@ -248,6 +267,6 @@ def decode_block(data: bytes) -> Block:
 
 
 __all__ = [
-    "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_SHIFT", "DECODERS", "Decoded", "Reject",
-    "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact",
+    "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_INDEX", "BLOCK_SHIFT", "DECODERS", "Decoded", "Reject",
+    "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact", "read_ipc",
 ]

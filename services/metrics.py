@@ -66,6 +66,10 @@ BATCH_SECONDS = Histogram("streamjoin_batch_seconds", "Time to join one batch (a
 DELAY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 DELAY_SECONDS = BlockHistogram("streamjoin_production_delay_seconds",
                                "Result wall time minus wall arrival of its newest input", DELAY_BUCKETS, REGISTRY)
+REPARTITIONED = Counter("streamjoin_repartitioned_records", "Misrouted records forwarded to their group's "
+                        "by-key partition (join.repartition: auto)", ["stream"], registry=REGISTRY)
+REPARTITION_DUPLICATES = Counter("streamjoin_repartition_duplicates", "Forwarded records seen again after a retried "
+                                 "cycle, and skipped", registry=REGISTRY)
 RECOVERED_BATCHES = Counter("streamjoin_recovered_batches", "Batches replayed at start to catch state up",
                             registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)

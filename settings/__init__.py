@@ -12,6 +12,7 @@ from streamjoin.settings.job import (
     WindowSpec,
     load,
 )
+from streamjoin.settings.topics import ROLES, TopicRole, TopicSettings, TopicsSpec
 
-__all__ = ["FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm", "SettingsError", "StreamSpec", "WindowSpec",
-           "load"]
+__all__ = ["FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm", "ROLES", "SettingsError", "StreamSpec",
+           "TopicRole", "TopicSettings", "TopicsSpec", "WindowSpec", "load"]

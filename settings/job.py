@@ -8,6 +8,7 @@ field and what would fix it; the CLI turns that into exit code 2.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -16,8 +17,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streamjoin.settings import kafka as kafka_settings
+from streamjoin.settings.kafka import KafkaSecret, KafkaValue
+from streamjoin.settings.topics import KEEP_FOREVER, TopicsSpec
+
 FieldType = Literal["int", "float", "str", "bool", "bytes"]
-KafkaValue = str | int | float | bool
 HASH_KEY_TYPES = ("int", "str", "bool")
 RESERVED_RESULT_NAMES = frozenset({"result_id", "event_time", "produced_ms", "inputs"})
 AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -196,7 +200,8 @@ class WorkloadSpec(_Strict):
 
 
 class JobSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a validation error's text would otherwise repeat the input, secrets included.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     job: str = Field(default="demo", pattern=r"^[a-zA-Z0-9_-]+$")
     bootstrap: str | None = Field(default=None, description="Kafka bootstrap; none = embedded broker")
@@ -208,28 +213,42 @@ class JobSettings(BaseModel):
     ring: RingSpec = RingSpec()
     workload: WorkloadSpec = WorkloadSpec()
     output: OutputSpec = OutputSpec()
-    kafka: dict[str, KafkaValue] = Field(
+    topics: TopicsSpec = Field(
+        default_factory=TopicsSpec,
+        description="replication, min.insync.replicas, retention, cleanup policy and other configs per topic role")
+    kafka: dict[str, KafkaValue | KafkaSecret] = Field(
         default_factory=dict,
         description="librdkafka properties for every client the job creates (security.protocol, sasl.*, ssl.*, "
-                    "timeouts); STREAMJOIN_KAFKA__SASL_PASSWORD sets sasl.password")
+                    "timeouts); a value may be {file: PATH} or {env: NAME}; secrets are masked "
+                    "(streamjoin.settings.kafka); STREAMJOIN_KAFKA__SASL_PASSWORD sets sasl.password")
 
     @field_validator("kafka", mode="before")
     @classmethod
-    def _dotted(cls, v: Any) -> Any:
-        """librdkafka names use dots; environment variables cannot, so `_` stands for `.`."""
-        return {str(k).lower().replace("_", "."): x for k, x in v.items()} if isinstance(v, dict) else v
+    def _read(cls, v: Any) -> Any:
+        """Dotted names; references read and secrets wrapped (streamjoin.settings.kafka)."""
+        if not isinstance(v, dict):
+            return v
+        return {name: kafka_settings.held(name, x, os.environ) for name, x in kafka_settings.overlay(v).items()}
 
     @field_validator("kafka")
     @classmethod
-    def _not_ours(cls, v: dict[str, KafkaValue]) -> dict[str, KafkaValue]:
+    def _not_ours(cls, v: dict[str, KafkaValue | KafkaSecret]) -> dict[str, KafkaValue | KafkaSecret]:
         taken = sorted(set(v) & set(RESERVED_KAFKA_SETTINGS))
         if taken:
             raise ValueError("; ".join(f"{k} is set by streamjoin ({RESERVED_KAFKA_SETTINGS[k]})" for k in taken))
         return v
 
     def kafka_client(self) -> dict[str, KafkaValue]:
-        """The librdkafka properties every client of this job gets."""
-        return dict(self.kafka)
+        """The librdkafka properties every client of this job gets, secrets revealed: for librdkafka only."""
+        return {k: v.get_secret_value() if isinstance(v, KafkaSecret) else v for k, v in self.kafka.items()}
+
+    def job_file_data(self) -> dict[str, Any]:
+        """These settings as a job file's mapping that another process loads back to the same settings:
+        a secret by its reference ({env:}, {file:}) where it has one (children inherit the environment and
+        see the same files), by value where it was given inline."""
+        data = self.model_dump(mode="json")
+        data["kafka"] = {k: v.written() if isinstance(v, KafkaSecret) else v for k, v in self.kafka.items()}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "JobSettings":
@@ -237,6 +256,7 @@ class JobSettings(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"stream names must be unique, got {names}")
         self._check_names()
+        self._check_retention()
         if self.join.mode == "hash":
             self._check_hash_mode()
         else:
@@ -252,6 +272,18 @@ class JobSettings(BaseModel):
             bad = [f"{s.name}.{f}" for s in self.streams for f in s.fields if not AVRO_NAME.fullmatch(f)]
             if bad:
                 raise ValueError(f"output.format avro needs Avro names ([A-Za-z_][A-Za-z0-9_]*) for fields, got {bad}")
+
+    def _check_retention(self) -> None:
+        """Input and by-key topics are what a window is rebuilt from: their retention must hold a
+        record for its stream's time window plus the allowed lateness (late records carry older times)."""
+        needed = self.longest_time_window_ms + self.join.allowed_lateness_ms
+        roles = ("input", "by_key") if self.join.mode == "hash" else ("input",)  # by-key topics exist in hash mode only
+        for role in roles:
+            retention = self.topics.effective(role).retention_ms
+            if retention is not None and retention != KEEP_FOREVER and retention < needed:
+                raise ValueError(f"topics.{role}.retention_ms {retention} is shorter than the longest time window plus "
+                                 f"join.allowed_lateness_ms ({needed} ms): records would expire while a window "
+                                 "still needs them")
 
     def _check_hash_mode(self) -> None:
         if self.join.predicate:
@@ -287,6 +319,11 @@ class JobSettings(BaseModel):
         if isinstance(self.ring.nodes, int) and not 1 <= self.ring.nodes <= self.ring.max_nodes:
             raise ValueError(f"ring.nodes={self.ring.nodes} is impossible: give 1..ring.max_nodes "
                              f"({self.ring.max_nodes}) or 'auto'")
+
+    @property
+    def longest_time_window_ms(self) -> int:
+        """The longest RANGE window over the streams (0 when all windows count rows)."""
+        return max((s.window.range_ms or 0 for s in self.streams), default=0)
 
     def topic_of(self, stream: StreamSpec) -> str:
         return stream.topic or f"{self.job}.{stream.name}"
@@ -374,9 +411,13 @@ def load(path: Path | str | None = None, **overrides: Any) -> JobSettings:
     try:
         env_only = _EnvOnly().model_dump(exclude_unset=True)
         merged = _deep_merge(_deep_merge(data, env_only), flags)
-        return JobSettings(**merged)
+        # The kafka: sections overlay per property, never merging one reference into another.
+        kafka = kafka_settings.overlay(data.get("kafka"), kafka_settings.from_environment(os.environ),
+                                       flags.get("kafka"))
+        return JobSettings(**(merged | {"kafka": kafka}))
     except ValidationError as e:
-        raise SettingsError(_explain(e, origin)) from e
+        # from None: the ValidationError's own text would show the input, secrets included.
+        raise SettingsError(_explain(e, origin)) from None
 
 
 class _EnvOnly(BaseSettings):
@@ -392,5 +433,6 @@ class _EnvOnly(BaseSettings):
     coordinator: dict[str, Any] | None = None
     ring: dict[str, Any] | None = None
     workload: dict[str, Any] | None = None
-    kafka: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
+    topics: dict[str, Any] | None = None
+    # kafka: read by streamjoin.settings.kafka.from_environment, which keeps secrets as {env:} references.

@@ -1,6 +1,7 @@
 """What a partition group's stored state reflects: the last batch applied,
-its input boundary, the watermark, and where in the results and dead-letter
-partitions the next batch's records begin (recovery reads from there)."""
+its input boundary, the watermark, the repartitioning marks, and where in the
+results, commits and dead-letter partitions the next batch's records begin
+(recovery reads from there)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from streamjoin.engine.window_join import NO_TIME
 
 class GroupCheckpoint(BaseModel):
     seq: int = 0  # batches applied; batch numbers start at 1
-    end: dict[str, int] = {}  # stream name -> next input offset in this group's partition
+    end: dict[str, dict[int, int]] = {}  # input topic -> partition -> next offset (source and by-key topics)
+    # stream -> source partition -> newest source offset taken through the by-key topic (drops retried forwards)
+    routed: dict[str, dict[int, int]] = {}
     max_ts: list[int] = []
     watermark: int = NO_TIME
     results_next: int = 0
+    commits_next: int = 0
     dead_letter_next: int = 0
 
     def encode(self) -> bytes:
@@ -23,3 +27,11 @@ class GroupCheckpoint(BaseModel):
     @classmethod
     def decode(cls, raw: bytes | None) -> "GroupCheckpoint | None":
         return None if raw is None else cls.model_validate_json(raw)
+
+
+def merge_positions(before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    """`before` advanced by `after` (input topic -> partition -> next offset)."""
+    out = {topic: dict(parts) for topic, parts in before.items()}
+    for topic, parts in after.items():
+        out.setdefault(topic, {}).update(parts)
+    return out

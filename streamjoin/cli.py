@@ -21,6 +21,7 @@ from streamjoin.settings import JobSettings, SettingsError, load
 
 if TYPE_CHECKING:
     from streamjoin.services.kafka import Cluster
+    from streamjoin.topology import topics
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 topics_app = typer.Typer(no_args_is_help=True, help="Create or check the job's topics.")
@@ -29,6 +30,8 @@ plan_app = typer.Typer(no_args_is_help=True, help="Cost-model plans.")
 app.add_typer(plan_app, name="plan")
 ring_app = typer.Typer(no_args_is_help=True, help="Resize a PSP ring (ring mode jobs).")
 app.add_typer(ring_app, name="ring")
+schema_app = typer.Typer(no_args_is_help=True, help="Schemas of what the job writes.")
+app.add_typer(schema_app, name="schema")
 console = Console(stderr=True, soft_wrap=True)
 
 JobOpt = Annotated[Optional[Path], typer.Option("--job", help="YAML job file (default: the seed-000 demo job)")]
@@ -97,17 +100,50 @@ def topics_create(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
 
 
 @topics_app.command("check")
-def topics_check(job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
-    """Check that the job's topics exist with the right partition counts."""
+def topics_check(job: JobOpt = None, bootstrap: BootstrapOpt = None,
+                 as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False) -> None:
+    """Report topic settings that endanger recovery or exactness; exit 1 on any danger.
+
+    Missing topics, partition counts, cleanup policy, retention, replication and
+    min.insync.replicas, as the cluster reports them (checks a broker cannot answer are listed as not run)."""
+    from confluent_kafka import KafkaException
+
     from streamjoin.topology import topics
 
     s = _settings(job, bootstrap=bootstrap)
     try:
-        topics.check(_cluster(s).admin(), s)
-    except topics.TopologyError as e:
-        console.print(f"[red]error:[/red] {e}")
+        report = topics.audit(_cluster(s).admin(), s)
+    except KafkaException as e:  # no metadata: nothing can be checked, so nothing is vouched for
+        console.print(f"[red]error:[/red] the cluster at {s.bootstrap} did not answer: {e}")
         raise typer.Exit(1) from e
-    console.print("topics ok")
+    if as_json:
+        print(json.dumps({"job": s.job} | report.to_json(), indent=2))
+    else:
+        _print_topic_report(s, report)
+    raise typer.Exit(1 if report.dangerous else 0)
+
+
+def _print_topic_report(settings: JobSettings, report: topics.Report) -> None:
+    """`report` as rich tables on stdout: findings, then the checks that could not run."""
+    out = Console()
+    if report.findings:
+        table = Table(title=f"job {settings.job}: topic settings ({report.brokers} broker(s))")
+        for col in ("severity", "topic", "role", "check", "detail"):
+            table.add_column(col, overflow="fold")
+        for f in report.findings:
+            colour = "red" if f.severity == "danger" else "yellow"
+            table.add_row(f"[{colour}]{f.severity}[/{colour}]", f.topic, f.role, f.check, f.detail)
+        out.print(table)
+    if report.not_run:
+        table = Table(title="checks that could not run")
+        for col in ("check", "topics", "reason"):
+            table.add_column(col, overflow="fold")
+        for n in report.not_run:
+            table.add_row(n.check, ", ".join(n.topics), n.reason)
+        out.print(table)
+    dangers = sum(f.severity == "danger" for f in report.findings)
+    out.print(f"{dangers} danger(s), {len(report.findings) - dangers} warning(s), "
+              f"{sum(len(n.topics) for n in report.not_run)} check(s) not run")
 
 
 @app.command()
@@ -260,6 +296,14 @@ def ring_remove(worker_id: Annotated[str, typer.Argument(help="a ring node other
                 job: JobOpt = None, bootstrap: BootstrapOpt = None) -> None:
     """Take a node out of the ring (its slices move to a neighbour first); then it can be stopped."""
     _ring_change("remove", worker_id, job, bootstrap)
+
+
+@schema_app.command("results")
+def schema_results(job: JobOpt = None) -> None:
+    """Print the Avro schema (.avsc) of the job's result records (output.format avro)."""
+    from streamjoin.schemas.result_codec import result_layout, results_avro_schema
+
+    print(json.dumps(results_avro_schema(result_layout(_settings(job))), indent=2))
 
 
 @app.command()

@@ -22,8 +22,18 @@ from streamjoin.settings import JobSettings
 
 
 def write_job(job: JobSettings, path: Path) -> Path:
+    """Write `job` to `path` as the job file the child services load; returns `path`.
+
+    Kafka secrets given by reference stay references (`{env: NAME}`, `{file: PATH}`,
+    STREAMJOIN_KAFKA__* as `{env: ...}`): the children inherit this environment and see the
+    same files, so the value never lands here. A secret given inline in the job file has no
+    other home and is written as it is: so the file is created owner-only (0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
+    text = yaml.safe_dump(job.job_file_data(), sort_keys=False)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that exists already
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     return path
 
 
@@ -113,15 +123,31 @@ class Fleet:
         raise TimeoutError(f"groups not assigned to {workers} within {timeout}s")
 
 
+def input_partitions(job: JobSettings, cluster: kafka.Cluster) -> list[tuple[str, int]]:
+    """Every partition of the job's source topics, whatever their partition counts."""
+    metadata = cluster.admin().list_topics(timeout=30).topics
+    return [(t, p) for t in job.input_topics for p in sorted(metadata[t].partitions)]
+
+
+def forwarded_partitions(job: JobSettings) -> list[tuple[str, int]]:
+    """Hash mode with `join.repartition: auto`: the by-key partitions groups also read."""
+    if job.join.mode != "hash" or job.join.repartition != "auto":
+        return []
+    return [(job.by_key_topic(s), g) for s in job.streams for g in range(job.partitions)]
+
+
 def input_end_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:
-    return kafka.end_offsets(kafka.Cluster.of(job, bootstrap), [(t, p) for t in job.input_topics for p in range(job.partitions)],
-                             f"{job.consumer_group}-probe")
+    cluster = kafka.Cluster.of(job, bootstrap)
+    return kafka.end_offsets(cluster, input_partitions(job, cluster), f"{job.consumer_group}-probe")
 
 
-def committed_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:
-    c = kafka.Cluster.of(job, bootstrap).consumer(job.consumer_group)
+def committed_offsets(job: JobSettings, bootstrap: str,
+                      partitions: list[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
+    """The job's committed offsets of `partitions` (default: every source partition)."""
+    cluster = kafka.Cluster.of(job, bootstrap)
+    c = cluster.consumer(job.consumer_group)
     try:
-        tps = [TopicPartition(t, p) for t in job.input_topics for p in range(job.partitions)]
+        tps = [TopicPartition(t, p) for t, p in partitions or input_partitions(job, cluster)]
         return {(tp.topic, tp.partition): tp.offset for tp in c.committed(tps, timeout=30)}
     finally:
         c.close()
@@ -129,21 +155,31 @@ def committed_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int],
 
 def wait_drained(job: JobSettings, bootstrap: str, fleet: Fleet | None = None, timeout: float = 300.0,
                  on_progress=None) -> None:  # type: ignore[no-untyped-def]
-    """Until the workers have committed every input record written so far."""
-    ends = input_end_offsets(job, bootstrap)
-    total = sum(ends.values())
+    """Until the workers have committed every input record written so far, and then every
+    record re-routed through the by-key topics (their forwards are committed with the source
+    offsets that caused them, so once the sources are done, the by-key topics' ends are final)."""
     deadline = time.monotonic() + timeout
+    _wait_committed(job, bootstrap, input_end_offsets(job, bootstrap), fleet, deadline, on_progress)
+    forwarded = forwarded_partitions(job)
+    if forwarded:
+        ends = kafka.end_offsets(kafka.Cluster.of(job, bootstrap), forwarded, f"{job.consumer_group}-probe")
+        _wait_committed(job, bootstrap, ends, fleet, deadline, None)
+
+
+def _wait_committed(job: JobSettings, bootstrap: str, ends: dict[tuple[str, int], int], fleet: Fleet | None,
+                    deadline: float, on_progress) -> None:  # type: ignore[no-untyped-def]
+    total = sum(ends.values())
     while time.monotonic() < deadline:
         if fleet is not None:
             fleet.assert_running()
-        done = committed_offsets(job, bootstrap)
+        done = committed_offsets(job, bootstrap, list(ends))
         behind = sum(max(0, end - max(done.get(k, 0), 0)) for k, end in ends.items())
         if on_progress:
             on_progress(total - behind, total)
         if behind == 0:
             return
         time.sleep(0.5)
-    raise TimeoutError(f"workers did not drain the input within {timeout}s")
+    raise TimeoutError("workers did not drain the input in time")
 
 
 def wait_layout(job: JobSettings, bootstrap: str, fleet: Fleet, layout: list[str], timeout: float = 120.0) -> None:

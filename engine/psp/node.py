@@ -21,7 +21,7 @@ import numpy as np
 
 from streamjoin.engine.block import ARR, OFF, PART, TS, Block
 from streamjoin.engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
-from streamjoin.engine.psp.plan import REF_COLUMNS, RingPlan, count_column, prefixed
+from streamjoin.engine.psp.plan import RingPlan, count_column, prefixed
 from streamjoin.engine.psp.probe import T_COL, ProbeFailures, extend
 from streamjoin.engine.psp.slices import G, NodeSlices, ages
 from streamjoin.engine.result_ids import result_head
@@ -163,14 +163,6 @@ def _trigger_rows(plan: RingPlan, t: int, block: Block) -> Block:
     cols |= {count_column(k): block[count_column(k)] for k in range(plan.m)}
     cols |= {prefixed(t, c): block[c] for c in plan.member_columns(t, frozenset({t}))}
     return Block(cols)
-
-
-def empty_results(plan: RingPlan, templates: list[Block]) -> Block:
-    """A result block with no rows but every column (a round's marker record carries it)."""
-    cols = {G: np.empty(0, np.int64), T_COL: np.empty(0, np.int64)}
-    for i, s in enumerate(plan.streams):
-        cols |= {prefixed(i, c): templates[i][c][:0] for c in REF_COLUMNS + s.payload}
-    return assemble(plan, Block(cols), 0)
 
 
 def assemble(plan: RingPlan, rows: Block, now_ms: int) -> Block:

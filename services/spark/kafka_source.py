@@ -78,7 +78,12 @@ class ProducedCount(WriterCommitMessage):
 
 def options(cluster: Cluster) -> dict[str, str]:
     """Spark options that reach `cluster` with the job's client settings, for this source
-    (`bootstrap`, `client`) and for Spark's JVM Kafka connector (`kafka.<property>`)."""
+    (`bootstrap`, `client`) and for Spark's JVM Kafka connector (`kafka.<property>`).
+
+    Secrets travel revealed: the executors' Python workers build the clients. Spark 4 shows
+    no Python data source's options in its plans (tests/unit/test_kafka_settings.py); of the
+    JVM connector's options (used only where it is installed) it redacts those whose names
+    match spark.redaction.regex (password, secret, token)."""
     jvm = {f"kafka.{k}": str(v) for k, v in cluster.client.items()}
     return {"bootstrap": cluster.bootstrap, "client": json.dumps(dict(cluster.client)),
             "kafka.bootstrap.servers": cluster.bootstrap, **jvm}

@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, Messag
 from streamjoin.engine.window_join import template
 from streamjoin.schemas import control
 from streamjoin.services import kafka, metrics
-from streamjoin.services.worker.intake import RecordBuffer
+from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of, routing_for
 from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import GroupBatch, join_plan, run_cycle
 from streamjoin.services.worker.recovery import recover_group
@@ -51,6 +51,8 @@ class Worker:
         self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
                                    stream_templates(job), job.worker.hot_bytes)
         self.topic_stream = {job.topic_of(s): i for i, s in enumerate(job.streams)}
+        self.forwarded_stream = {job.by_key_topic(s): i for i, s in enumerate(job.streams)}
+        self.routings: list[Routing] = []  # per stream; the source topics' partition counts are read at start
         self.consumer = cluster.consumer(job.consumer_group)
         self.emitter = Emitter(job, cluster.producer(f"{job.job}-{worker_id}"
                                                    if job.worker.exactly_once else None), worker_id)
@@ -58,7 +60,7 @@ class Worker:
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
-        self.skip_dead: dict[int, set[tuple[str, int]]] = {}
+        self.skip_dead: dict[int, set[tuple[str, int, int]]] = {}
         self.health = metrics.HealthState()
         self.stopping = False
         self.metrics_url = ""
@@ -71,6 +73,7 @@ class Worker:
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
         kafka.wait_for_broker(self.cluster, log)
         self._wait_for_topics()
+        self.routings = self._routings()
         self.emitter.start()
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
         log.info("worker started", worker=self.worker_id, metrics=self.metrics_url)
@@ -100,6 +103,11 @@ class Worker:
             except topics.TopologyError as e:
                 log.warning("topics not ready; waiting", error=str(e))
                 time.sleep(1.0)
+
+    def _routings(self) -> list[Routing]:
+        """How each stream's tuples reach their groups, from its source topic's partition count."""
+        metadata = self.cluster.admin().list_topics(timeout=30).topics
+        return [routing_for(self.job, len(metadata[self.job.topic_of(s)].partitions)) for s in self.job.streams]
 
     def _shutdown(self) -> None:
         if self.pending:
@@ -137,29 +145,42 @@ class Worker:
         self._heartbeat()
 
     def _partitions(self, groups: set[int], from_checkpoint: bool = False) -> list[TopicPartition]:
+        """Every input partition of `groups`, at the checkpoint's boundary (or unpositioned): per
+        stream, the source partitions whose records this group routes (partition g, or with
+        another partition count every j with j mod partitions = g) and its by-key partition."""
         out = []
         for g in sorted(groups):
             end = self.store.get(g).checkpoint.end if from_checkpoint else {}
-            for s in self.job.streams:
-                offset = end.get(s.name, OFFSET_BEGINNING) if from_checkpoint else OFFSET_BEGINNING
-                out.append(TopicPartition(self.job.topic_of(s), g, offset))
+            for s, routing in zip(self.job.streams, self.routings):
+                inputs = [(self.job.topic_of(s), j) for j in range(g, routing.source_partitions, routing.partitions)]
+                if routing.check and routing.repartition == "auto":
+                    inputs.append((self.job.by_key_topic(s), g))
+                for topic, p in inputs:
+                    out.append(TopicPartition(topic, p, end.get(topic, {}).get(p, OFFSET_BEGINNING)
+                                              if from_checkpoint else OFFSET_BEGINNING))
         return out
 
     # ----------------------------------------------------------------- batches
     def _take(self, msgs: list[Message]) -> None:
+        partitions = self.job.partitions
         for m in msgs:
             err = m.error()
             if err is not None:
                 metrics.BROKER_ERRORS.labels(err.name()).inc()
                 continue
-            if m.partition() not in self.groups:
+            stream = self.topic_stream.get(m.topic())
+            group = m.partition() % partitions if stream is not None else m.partition()
+            if group not in self.groups:
                 continue  # fetched just before an unassignment
-            self.pending.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m)
+            if stream is not None:
+                self.pending.setdefault(stream, RecordBuffer()).add(m, group)
+            else:
+                self.pending.setdefault(self.forwarded_stream[m.topic()], RecordBuffer()).add_forwarded(m, origin_of(m))
 
     def _cycle(self) -> None:
         started = time.perf_counter()
         now_ms = int(time.time() * 1000)
-        batches = run_cycle(self.job, self.plan, self.store, self.pending, now_ms)
+        batches = run_cycle(self.job, self.plan, self.store, self.pending, self.routings, now_ms)
         self.pending = {}
         try:
             self.emitter.emit(batches, self.consumer, self._next_offsets(batches), self.skip_dead)
@@ -177,8 +198,7 @@ class Worker:
         self.store.evict_cold(keep=set())
 
     def _next_offsets(self, batches: list[GroupBatch]) -> list[TopicPartition]:
-        return [TopicPartition(self.job.topic_of(s), b.group, b.end[s.name])
-                for b in batches for s in self.job.streams if s.name in b.end]
+        return [TopicPartition(topic, p, o) for b in batches for topic, parts in b.end.items() for p, o in parts.items()]
 
     def _reset(self, groups: set[int]) -> None:
         """A cycle failed after its groups' windows changed in memory: rebuild them from RocksDB + Kafka."""
@@ -187,22 +207,17 @@ class Worker:
         for g in sorted(groups):
             self.skip_dead[g] = self._recover_until_done(g)
             for tp in self._partitions({g}, from_checkpoint=True):
-                if tp.offset >= 0:
-                    self.consumer.seek(tp)
+                self.consumer.seek(tp)  # OFFSET_BEGINNING too: the failed cycle may have read there
 
-    def _recover_until_done(self, group: int) -> set[tuple[str, int]]:
+    def _recover_until_done(self, group: int) -> set[tuple[str, int, int]]:
         """Recovery reads Kafka; while the broker is away, wait for it and try again."""
         while True:
             try:
-                recovered = recover_group(self.job, self.cluster, self.plan, self.store, self.emitter, group)
-                if recovered.replayed:
-                    # The replayed batches' offsets died with their transaction: commit them now,
-                    # or lag would never reach zero for a group that gets no new input.
-                    offsets = [tp for tp in self._partitions({group}, from_checkpoint=True) if tp.offset >= 0]
-                    self.consumer.commit(offsets=offsets, asynchronous=False)
-                return recovered.dead_letters_written
+                return recover_group(self.job, self.cluster, self.plan, self.store, self.emitter, self.consumer,
+                                     self.routings, group).dead_letters_written
             except KafkaException as e:
                 log.warning("recovery interrupted by the broker; retrying", group=group, error=str(e))
+                self.emitter.abort()
                 self.store.forget(group)
                 kafka.wait_for_broker(self.cluster, log)
 
@@ -212,11 +227,8 @@ class Worker:
             for i, block in enumerate(b.appended):
                 if len(block):
                     metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(block))
-            n = len(b.results)
-            if n:
-                metrics.RESULTS_OUT.inc(n)
-                delay = (b.results["produced_ms"] - b.results["newest_arrival_ms"]) / 1000.0
-                metrics.DELAY_SECONDS.observe_many(delay)
+            if b.duplicates:
+                metrics.REPARTITION_DUPLICATES.inc(b.duplicates)
             metrics.STATE_BYTES.labels(str(b.group)).set(b.state.window.nbytes)
             metrics.STATE_TUPLES.labels(str(b.group)).set(b.state.window.tuples)
         metrics.HOT_BYTES.set(self.store.hot_size)

@@ -1,11 +1,17 @@
-"""Writing a cycle's batches: dead letters first, then one result record per
-(group, batch) — its commit marker, carrying the batch's input boundary —
-then the input offsets, all in one Kafka transaction (or, with
-`exactly_once: false`, flushed in that order and committed after).
+"""Writing what the worker decides: the one result writer (hash groups and ring
+rounds alike), and a hash cycle's output in one Kafka transaction.
 
-Dead letters are flushed before results so that a visible result record
-implies its batch's dead letters are durable, even on a broker that shows
-aborted transactions to read_committed readers (Tansu does).
+A cycle writes, in this order:
+  1. dead letters and forwards (misrouted records on their way to their
+     group's by-key partition), then flushes;
+  2. one commit record per (group, batch) on `<job>.commits`, then flushes;
+  3. the batches' results, one record per result (or Arrow blocks);
+  4. the input offsets, and commits the transaction (with `exactly_once:
+     false`: flushes, then commits the offsets).
+The flushes make "visible" imply "durable before" even on a broker that
+shows aborted transactions to read_committed readers (Tansu does): a visible
+result implies its batch's commit record, which implies the batch's dead
+letters and forwards. Recovery (recovery.py) relies on exactly that.
 """
 
 from __future__ import annotations
@@ -16,29 +22,135 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
+import pyarrow as pa
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from streamjoin.engine.block import Block
-from streamjoin.schemas.codecs import encode_block
-from streamjoin.schemas.results import BatchHeader, dead_letter_headers
+from streamjoin.schemas import result_codec
+from streamjoin.schemas.columns import to_bytes_list
+from streamjoin.schemas.results import BatchCommit, dead_letter_headers
 from streamjoin.services import metrics
 from streamjoin.services.worker.processor import GroupBatch
 from streamjoin.settings import JobSettings
+from streamjoin.topology.partitioner import partitions_for_keys
 
 log = structlog.get_logger("streamjoin.worker.output")
-ROWS_PER_CHUNK = 50_000  # fixed, so a replayed batch chunks identically
-OUTPUT_COLUMNS_DROPPED = ("newest_arrival_ms",)
+# Messages per produce_batch call: bounded, so a full local queue costs one short wait.
+_BATCH_MESSAGES = 10_000
+
+
+class Deliveries:
+    """Delivery reports of one producer: the newest offset delivered per (topic, partition),
+    and every failure. `check` raises the first failure."""
+
+    def __init__(self) -> None:
+        self.newest: dict[tuple[str, int], int] = {}
+        self.errors: list[KafkaError] = []
+
+    def report(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.errors.append(err)
+            metrics.BROKER_ERRORS.labels("delivery").inc()
+            return
+        key = (msg.topic(), msg.partition())
+        self.newest[key] = max(self.newest.get(key, -1), msg.offset())
+
+    def clear(self) -> None:
+        self.newest.clear()
+        self.errors.clear()
+
+    def check(self) -> None:
+        if self.errors:
+            raise KafkaException(self.errors[0])
+
+
+def flush(producer: Producer, deliveries: Deliveries) -> None:
+    """Wait for every queued record, then fail on any that was not delivered."""
+    while producer.flush(30) > 0:
+        metrics.BROKER_ERRORS.labels("flush-timeout").inc()
+    deliveries.check()
+
+
+class ResultWriter:
+    """The one writer of results: a result block as the job's `output.format` records,
+    produced in bulk to the results topic.
+
+    `every_report`: ask for a delivery report of every record (needed without
+    transactions, where a report is the only sign of a failed delivery); otherwise only
+    each partition's last record of a call reports (its offset), and a failed delivery
+    fails the transaction's commit."""
+
+    def __init__(self, job: JobSettings, producer: Producer, deliveries: Deliveries, every_report: bool) -> None:
+        self.job, self.producer, self.deliveries, self.every_report = job, producer, deliveries, every_report
+        self.layout = result_codec.result_layout(job)
+        self.format = job.output.format
+
+    def write(self, block: Block, group: int | None = None, blocks_key: bytes = b"") -> int:
+        """Produce `block`'s results; hash mode passes its `group` (= the results partition of
+        every key in it), ring mode lets each key pick its partition. `blocks_key` keys the
+        records of `output.format: blocks`. Returns the number of records produced."""
+        if self.format == "blocks":
+            values = result_codec.encode_blocks(block)
+            keys: pa.Array | list[bytes] = [blocks_key] * len(values)
+        else:
+            values = (result_codec.encode_json if self.format == "json" else result_codec.encode_avro)(self.layout,
+                                                                                                     block)
+            keys = result_codec.result_keys(self.layout, block)
+        if group is not None:
+            partitions = np.full(len(values), group, np.int32)
+        else:
+            partitions = partitions_for_keys(keys, self.job.partitions)
+        if isinstance(keys, pa.Array):
+            keys = to_bytes_list(keys)
+        self._produce(keys, values, partitions)
+        if len(block):
+            metrics.RESULTS_OUT.inc(len(block))
+            metrics.DELAY_SECONDS.observe_many((block["produced_ms"] - block["newest_arrival_ms"]) / 1000.0)
+        return len(values)
+
+    def _produce(self, keys: list[bytes], values: list[bytes], partitions: np.ndarray) -> None:
+        topic = self.job.results_topic
+        order = np.argsort(partitions, kind="stable")
+        cuts = np.flatnonzero(np.diff(partitions[order])) + 1
+        for rows in np.split(order, cuts):
+            if not len(rows):
+                continue
+            messages = [{"key": keys[i], "value": values[i]} for i in rows.tolist()]
+            if self.every_report:
+                for m in messages:
+                    m["callback"] = self.deliveries.report
+            else:
+                messages[-1]["callback"] = self.deliveries.report
+            for lo in range(0, len(messages), _BATCH_MESSAGES):
+                self._enqueue(topic, int(partitions[rows[0]]), messages[lo:lo + _BATCH_MESSAGES])
+
+    def _enqueue(self, topic: str, partition: int, messages: list[dict]) -> None:
+        """produce_batch, waiting for room while librdkafka's queue is full. A full queue fails a
+        suffix of the batch (measured), so retrying that suffix keeps the records in order."""
+        while messages:
+            queued = self.producer.produce_batch(topic, messages, partition=partition)
+            failed = messages[queued:]
+            if any("_error" in m and m["_error"].code() != KafkaError._QUEUE_FULL for m in failed):
+                raise KafkaException(next(m["_error"] for m in failed if "_error" in m))
+            for m in failed:
+                m.pop("_error", None)
+            messages = failed
+            if messages:
+                self.producer.poll(0.05)
 
 
 class Emitter:
+    """A hash-mode cycle's output, as the module docstring says."""
+
     def __init__(self, job: JobSettings, producer: Producer, worker_id: str) -> None:
         self.job = job
         self.producer = producer
         self.worker_id = worker_id
         self.transactional = job.worker.exactly_once
-        self._delivered: dict[tuple[str, int], int] = {}
-        self._errors: list[KafkaError] = []
+        self.deliveries = Deliveries()
+        self.results = ResultWriter(job, producer, self.deliveries, every_report=not self.transactional)
 
     def start(self) -> None:
         if self.transactional:
@@ -46,25 +158,33 @@ class Emitter:
             _retry(lambda: self.producer.init_transactions(30))
 
     def emit(self, batches: list[GroupBatch], consumer: Consumer, offsets: list[TopicPartition],
-             skip_dead: dict[int, set[tuple[str, int]]]) -> None:
-        self._delivered.clear()
-        self._errors.clear()
+             skip_dead: dict[int, set[tuple[str, int, int]]]) -> None:
+        """Write a cycle's batches and commit its input `offsets` (see the module docstring);
+        dead letters named in `skip_dead[group]` were written by an attempt that died."""
+        self.deliveries.clear()
         with _stall_watchdog(self.job.worker.stall_timeout_ms / 1000):
             if self.transactional:
                 self.producer.begin_transaction()
-            if self._produce_dead_letters(batches, skip_dead):
-                self._flush()
+            if self._produce_dead_letters(batches, skip_dead) + self._produce_forwards(batches):
+                flush(self.producer, self.deliveries)
             for b in batches:
-                self.produce_results(b)
-            if self.transactional:
-                self.producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
-                _retry(lambda: self.producer.commit_transaction(60))
-            else:
-                self._flush()
-                consumer.commit(offsets=offsets, asynchronous=False)
-        if self._errors:
-            raise KafkaException(self._errors[0])
+                self.produce_commit(b)
+            flush(self.producer, self.deliveries)
+            for b in batches:
+                self.results.write(b.results, group=b.group)
+            self.commit(consumer, offsets)
         self._record_positions(batches)
+
+    def commit(self, consumer: Consumer, offsets: list[TopicPartition]) -> None:
+        """End what was produced: with the input `offsets`, in the transaction or after it."""
+        if self.transactional:
+            self.producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
+            _retry(lambda: self.producer.commit_transaction(60))
+        else:
+            flush(self.producer, self.deliveries)
+            if offsets:
+                consumer.commit(offsets=offsets, asynchronous=False)
+        self.deliveries.check()
 
     def abort(self) -> None:
         if self.transactional:
@@ -73,54 +193,49 @@ class Emitter:
             except KafkaException:
                 pass  # nothing open, or the broker is gone: recovery handles both
 
-    def _produce_dead_letters(self, batches: list[GroupBatch], skip: dict[int, set[tuple[str, int]]]) -> int:
+    def produce_commit(self, b: GroupBatch) -> None:
+        commit = BatchCommit(group=b.group, seq=b.seq, end=b.end, watermark=b.watermark, results=len(b.results),
+                             worker=self.worker_id)
+        self.producer.produce(self.job.commits_topic, value=commit.model_dump_json().encode(),
+                              key=str(b.group).encode(), partition=b.group, on_delivery=self.deliveries.report)
+
+    def _produce_dead_letters(self, batches: list[GroupBatch], skip: dict[int, set[tuple[str, int, int]]]) -> int:
         n = 0
         for b in batches:
             already = skip.get(b.group, set())
             for d in b.dead:
-                topic = self.job.topic_of(self.job.streams[d.stream])
-                if (topic, d.offset) in already:
+                topic = d.topic or self.job.topic_of(self.job.streams[d.stream])
+                if (topic, d.partition, d.offset) in already:
                     continue
-                headers = dead_letter_headers(d.reason, d.detail, topic, b.group, d.offset, b.group, b.seq)
+                headers = dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, b.group, b.seq)
                 self.producer.produce(self.job.dead_letter_topic, value=d.value, key=d.key, partition=b.group,
-                                      headers=headers, on_delivery=self._on_delivery)
+                                      headers=headers, on_delivery=self.deliveries.report)
                 metrics.DEAD_LETTER.labels(d.reason).inc()
                 n += 1
         return n
 
-    def produce_results(self, b: GroupBatch, only_chunks: set[int] | None = None) -> None:
-        results = Block({k: v for k, v in b.results.columns.items() if k not in OUTPUT_COLUMNS_DROPPED})
-        n = len(results)
-        chunks = max(1, -(-n // ROWS_PER_CHUNK))
-        for c in range(chunks):
-            if only_chunks is not None and c not in only_chunks:
-                continue
-            part = results.take(slice(c * ROWS_PER_CHUNK, (c + 1) * ROWS_PER_CHUNK))  # type: ignore[arg-type]
-            header = BatchHeader(b.group, b.seq, c, chunks, b.end, b.watermark, self.worker_id)
-            self.producer.produce(self.job.results_topic, value=encode_block(part), key=str(b.group).encode(),
-                                  partition=b.group, headers=header.encode(), on_delivery=self._on_delivery)
+    def _produce_forwards(self, batches: list[GroupBatch]) -> int:
+        n = 0
+        for b in batches:
+            for f in b.forwards:
+                self.producer.produce(self.job.by_key_topic(self.job.streams[f.stream]), value=f.value, key=f.key,
+                                      partition=f.partition, timestamp=f.timestamp, headers=f.headers(),
+                                      on_delivery=self.deliveries.report)
+                n += 1
+            if b.forwards:
+                metrics.REPARTITIONED.labels(self.job.streams[b.forwards[0].stream].name).inc(len(b.forwards))
             self.producer.poll(0)
-
-    def _flush(self) -> None:
-        while self.producer.flush(30) > 0:
-            metrics.BROKER_ERRORS.labels("flush-timeout").inc()
-
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._errors.append(err)
-            return
-        key = (msg.topic(), msg.partition())
-        self._delivered[key] = max(self._delivered.get(key, -1), msg.offset())
+        return n
 
     def _record_positions(self, batches: list[GroupBatch]) -> None:
+        """Where in the group's results, commits and dead-letter partitions the next batch begins."""
+        newest = self.deliveries.newest
         for b in batches:
             ck = b.state.checkpoint
-            res = self._delivered.get((self.job.results_topic, b.group))
-            dlq = self._delivered.get((self.job.dead_letter_topic, b.group))
-            b.state.checkpoint = ck.model_copy(update={
-                "results_next": res + 1 if res is not None else ck.results_next,
-                "dead_letter_next": dlq + 1 if dlq is not None else ck.dead_letter_next,
-            })
+            nxt = {name: newest[(topic, b.group)] + 1 for name, topic in (
+                ("results_next", self.job.results_topic), ("commits_next", self.job.commits_topic),
+                ("dead_letter_next", self.job.dead_letter_topic)) if (topic, b.group) in newest}
+            b.state.checkpoint = ck.model_copy(update=nxt)
 
 
 @contextmanager

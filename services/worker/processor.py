@@ -1,17 +1,19 @@
-"""One partition group's batch: decoded blocks in, window joined, results and
-dead letters out, checkpoint advanced. The same function serves live
-processing and recovery replay, which is what makes replay exact."""
+"""One partition group's batch: decoded blocks in, window joined, results,
+dead letters and forwards out, checkpoint advanced. The same function serves
+live processing and recovery replay, which is what makes replay exact."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from streamjoin.engine.block import OFF, PART, Block
 from streamjoin.engine.window_join import JoinPlan, StreamPlan, process_batch
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block, keys_are_exact
-from streamjoin.services.worker.intake import DeadRecord, GroupSlice, RecordBuffer, decode_by_group
+from streamjoin.services.worker.intake import DeadRecord, Forward, GroupSlice, RecordBuffer, Routing, decode_by_group
+from streamjoin.state.checkpoint import merge_positions
 from streamjoin.state.windowed import BLOCK_SEQ, GroupState, WindowedStore
 from streamjoin.settings import JobSettings
 
@@ -22,10 +24,12 @@ class GroupBatch:
     seq: int
     results: Block
     dead: list[DeadRecord]
-    end: dict[str, int]
+    forwards: list[Forward]
+    end: dict[str, dict[int, int]]  # input topic -> partition -> next offset after the batch
     watermark: int
     appended: list[Block]
     state: GroupState
+    duplicates: int  # forwarded records skipped as copies of ones taken before
 
 
 def join_plan(job: JobSettings) -> JoinPlan:
@@ -37,50 +41,61 @@ def join_plan(job: JobSettings) -> JoinPlan:
 
 
 def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: dict[int, RecordBuffer],
-              now_ms: int) -> list[GroupBatch]:
-    """Every group with records in `buffers` (per stream), in group order."""
+              routings: Sequence[Routing], now_ms: int) -> list[GroupBatch]:
+    """Every group with records in `buffers` (per stream), in group order; `routings[i]` says
+    how stream i's tuples reach their groups."""
+    groups = sorted({g for buf in buffers.values() for g in buf.positions})
+    states = {g: store.get(g) for g in groups}
     slices: dict[int, dict[int, GroupSlice]] = {}
     for i, buf in buffers.items():
         if len(buf):
-            for g, sl in decode_by_group(job, i, buf).items():
+            name = job.streams[i].name
+            routed = {g: s.checkpoint.routed.get(name, {}) for g, s in states.items()}
+            for g, sl in decode_by_group(job, i, buf, routings[i], routed).items():
                 slices.setdefault(g, {})[i] = sl
-    return [run_group_batch(job, plan, store, g, slices[g], buffers, now_ms) for g in sorted(slices)]
+    return [run_group_batch(job, plan, store, states[g], g, slices[g], buffers, now_ms) for g in sorted(slices)]
 
 
-def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, group: int,
+def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, state: GroupState, group: int,
                     slices: dict[int, GroupSlice], buffers: dict[int, RecordBuffer], now_ms: int) -> GroupBatch:
-    state = store.get(group)
     seq = state.checkpoint.seq + 1
     deltas = [_tag(slices[i].block if i in slices else store.templates[i], seq) for i in range(len(job.streams))]
     outcome = process_batch(plan, state.window, deltas, now_ms)
     dead = [d for sl in slices.values() for d in sl.dead]
     for i, late in enumerate(outcome.late):
         if len(late):
-            dead += late_records(job, i, buffers[i], late, outcome.watermark_before)
-    end = dict(state.checkpoint.end) | {job.streams[i].name: sl.end for i, sl in slices.items()}
+            dead += late_records(job, i, group, buffers[i], late, outcome.watermark_before)
+    end = state.checkpoint.end
+    for sl in slices.values():
+        end = merge_positions(end, sl.end)
+    routed = dict(state.checkpoint.routed) | {job.streams[i].name: sl.routed for i, sl in slices.items() if sl.routed}
     state.checkpoint = state.checkpoint.model_copy(update={
-        "seq": seq, "end": end, "max_ts": list(state.window.max_ts), "watermark": state.window.watermark,
+        "seq": seq, "end": end, "routed": routed, "max_ts": list(state.window.max_ts),
+        "watermark": state.window.watermark,
     })
-    return GroupBatch(group, seq, outcome.results, dead, end, state.window.watermark, outcome.accepted, state)
+    return GroupBatch(group, seq, outcome.results, dead, [f for sl in slices.values() for f in sl.forwards], end,
+                      state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()))
 
 
 def _tag(block: Block, seq: int) -> Block:
     return Block(dict(block.columns) | {BLOCK_SEQ: np.full(len(block), seq, np.int64)})
 
 
-def late_records(job: JobSettings, stream: int, buf: RecordBuffer, late: Block, watermark: int) -> list[DeadRecord]:
+def late_records(job: JobSettings, stream: int, group: int, buf: RecordBuffer, late: Block,
+                 watermark: int) -> list[DeadRecord]:
+    """Late tuples as dead letters of `group`: a JSON/Avro record whole, a block record's late
+    tuples as a block of just those."""
     spec = job.streams[stream]
     detail = f"event time older than the watermark {watermark} (allowed lateness {job.join.allowed_lateness_ms} ms)"
     if spec.format != "blocks":
         at = buf.record_index(late[PART], late[OFF])
-        return [DeadRecord(stream, buf.partitions[i], buf.offsets[i], buf.keys[i], buf.values[i], "late", detail)
-                for i in at]
-    # A block record carries many tuples: dead-letter just its late ones, as a block.
+        return [DeadRecord(stream, group, buf.partitions[i], buf.offsets[i], buf.keys[i], buf.values[i], "late",
+                           detail) for i in at]
     record_offsets = late[OFF] >> BLOCK_SHIFT
     out = []
-    for rec in np.unique(record_offsets):
-        rows = late.filter(record_offsets == rec)
-        i = int(buf.record_index(rows[PART][:1], np.array([rec]))[0])
+    for part, rec in np.unique(np.stack([late[PART].astype(np.int64), record_offsets], axis=1), axis=0).tolist():
+        rows = late.filter((late[PART] == part) & (record_offsets == rec))
+        i = int(buf.record_index(np.array([part]), np.array([rec]))[0])
         value = encode_block(Block({f: rows[f] for f in spec.fields}))
-        out.append(DeadRecord(stream, buf.partitions[i], int(rec), buf.keys[i], value, "late", detail))
+        out.append(DeadRecord(stream, group, part, rec, buf.keys[i], value, "late", detail))
     return out

@@ -1,25 +1,34 @@
-"""Bringing a partition group's state up to what Kafka says was emitted.
+"""Bringing a partition group's state up to what Kafka says was decided.
 
 RocksDB is written after a cycle's Kafka commit, so at start it can lag the
-results topic by the batch(es) in flight when the worker died. The results
-partition is the source of truth: every batch record carries its input
-boundary. Recovery reads the group's results records past the checkpoint and
-replays exactly those batches from the input topics through the same code
-path, emitting nothing that is already there. Dead letters already written by
-an attempt that never committed are remembered, so they are not written twice.
+commits topic by the batch(es) in flight when the worker died. The group's
+commits partition is the source of truth: every batch writes a commit record
+(its input boundary) before its results (output.py). Recovery reads the
+group's commit records past the checkpoint and replays exactly those batches
+from the input topics through the same code path; of each replayed batch it
+writes the results the dead attempt did not (result ids are deterministic, so
+the results partition says which are there), together with the batch's input
+offsets. Dead letters already written by an attempt that never committed are
+remembered, so they are not written twice.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
+from typing import Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from streamjoin.engine.block import Block
 from streamjoin.engine.window_join import JoinPlan
-from streamjoin.schemas.results import H_OFFSET, H_TOPIC, BatchHeader, decode_headers
+from streamjoin.schemas import result_codec
+from streamjoin.schemas.results import (H_OFFSET, H_PARTITION, H_TOPIC, RESULT_ID_HI, RESULT_ID_LO, BatchCommit,
+                                        decode_commit, decode_headers)
 from streamjoin.services import kafka, metrics
-from streamjoin.services.worker.intake import RecordBuffer
+from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of
 from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import run_cycle
 from streamjoin.state.windowed import WindowedStore
@@ -29,94 +38,116 @@ log = logging.getLogger("streamjoin.worker.recovery")
 
 
 @dataclass
-class EmittedBatch:
-    header: BatchHeader
-    chunks: set[int] = field(default_factory=set)
-    last_offset: int = -1
-
-
-@dataclass
 class Recovered:
-    dead_letters_written: set[tuple[str, int]]
-    replayed: int  # batches replayed; their input offsets may never have been committed
+    dead_letters_written: set[tuple[str, int, int]]  # (input topic, partition, offset)
+    replayed: int
 
 
 def recover_group(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: WindowedStore, emitter: Emitter,
-                  group: int) -> Recovered:
-    """Replay batches emitted but not checkpointed; report dead letters already written."""
+                  consumer: Consumer, routings: Sequence[Routing], group: int) -> Recovered:
+    """Replay the batches committed but not checkpointed; report dead letters already written.
+
+    `consumer` is the worker's input consumer (its group metadata goes into the transaction
+    that commits a replayed batch's offsets); `routings[i]` as for run_cycle."""
     state = store.get(group)
     ck = state.checkpoint
-    emitted = _emitted_batches(job, cluster, group, ck.results_next, ck.seq)
-    for batch in emitted:
-        if batch.header.seq != state.checkpoint.seq + 1:
+    commits = _commits_after(job, cluster, group, ck.commits_next, ck.seq)
+    present, results_end = _results_present(job, cluster, group, ck.results_next) if commits else (set(), 0)
+    for commit, commit_offset in commits:
+        if commit.seq != state.checkpoint.seq + 1:
             raise RuntimeError(
-                f"group {group}: results hold batch {batch.header.seq} but state is at {state.checkpoint.seq}; "
-                "the state directory does not belong to this results topic (wipe it or use a fresh job name)"
-            )
-        buffers = _read_inputs(job, cluster, group, state.checkpoint.end, batch.header.end)
-        replayed = run_cycle(job, plan, store, buffers, now_ms=0)
-        if [b.group for b in replayed] != [group] or replayed[0].end != batch.header.end:
-            raise RuntimeError(f"group {group}: replay of batch {batch.header.seq} did not reach its recorded boundary")
-        gb = replayed[0]
-        missing = set(range(batch.header.chunks)) - batch.chunks
-        if missing:  # an attempt died between chunks: write the rest, same content
-            emitter.produce_results(gb, only_chunks=missing)
-            emitter.producer.flush(30)
-        gb.state.checkpoint = gb.state.checkpoint.model_copy(update={"results_next": batch.last_offset + 1})
+                f"group {group}: the commits topic holds batch {commit.seq} but state is at {state.checkpoint.seq}; "
+                "the state directory does not belong to this job's topics (wipe it or use a fresh job name)")
+        buffers = _read_inputs(job, cluster, group, state.checkpoint.end, commit.end)
+        replayed = run_cycle(job, plan, store, buffers, routings, now_ms=int(time.time() * 1000))
+        if [b.group for b in replayed] != [group] or replayed[0].end != commit.end:
+            raise RuntimeError(f"group {group}: replay of batch {commit.seq} did not reach its recorded boundary")
+        batch = replayed[0]
+        missing = _not_in(batch.results, present)
+        emitter.deliveries.clear()
+        if emitter.transactional:
+            emitter.producer.begin_transaction()
+        emitter.results.write(missing, group=group)
+        emitter.commit(consumer, _offsets(commit.end))
+        written = emitter.deliveries.newest.get((job.results_topic, group))
+        results_end = max(results_end, written + 1 if written is not None else 0)
+        batch.state.checkpoint = batch.state.checkpoint.model_copy(update={
+            "results_next": max(results_end, batch.state.checkpoint.results_next),
+            "commits_next": commit_offset + 1})
         tx = store.store.transaction()
-        store.stage(tx, group, gb.state, gb.appended)
+        store.stage(tx, group, batch.state, batch.appended)
         tx.commit()
         metrics.RECOVERED_BATCHES.inc()
-        log.info("group %d: replayed batch %d (%d results already emitted)", group, gb.seq, len(gb.results))
+        log.info("group %d: replayed batch %d (%d of its %d results were missing)", group, batch.seq, len(missing),
+                 len(batch.results))
     written = _dead_letters_written(job, cluster, group, store.get(group).checkpoint.dead_letter_next)
-    return Recovered(written, len(emitted))
+    return Recovered(written, len(commits))
 
 
-def _emitted_batches(job: JobSettings, cluster: kafka.Cluster, group: int, start: int,
-                     applied_seq: int) -> list[EmittedBatch]:
-    batches: dict[int, EmittedBatch] = {}
-    for m in kafka.read_partition(cluster, job.results_topic, group, start, f"{job.consumer_group}-recovery"):
-        h = BatchHeader.decode(m.headers())
-        if h.seq <= applied_seq:
-            continue
-        b = batches.setdefault(h.seq, EmittedBatch(h))
-        b.chunks.add(h.chunk)
-        b.last_offset = max(b.last_offset, m.offset())
-    return [batches[s] for s in sorted(batches)]
+def _commits_after(job: JobSettings, cluster: kafka.Cluster, group: int, start: int,
+                   applied_seq: int) -> list[tuple[BatchCommit, int]]:
+    """The group's batch commits past its checkpoint, with their offsets, in batch order."""
+    found: dict[int, tuple[BatchCommit, int]] = {}
+    for m in kafka.read_partition(cluster, job.commits_topic, group, start, f"{job.consumer_group}-recovery"):
+        commit = decode_commit(m.value())
+        if isinstance(commit, BatchCommit) and commit.group == group and commit.seq > applied_seq:
+            found.setdefault(commit.seq, (commit, m.offset()))  # a retried write of the same commit: first wins
+    return [found[s] for s in sorted(found)]
 
 
-def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: dict[str, int],
-                 end: dict[str, int]) -> dict[int, RecordBuffer]:
-    """The records of one batch: from the checkpoint's boundary up to the batch's."""
+def _results_present(job: JobSettings, cluster: kafka.Cluster, group: int,
+                     start: int) -> tuple[set[tuple[int, int]], int]:
+    """Ids of the results in the group's results partition from `start` on, and the offset after them."""
+    records = kafka.read_partition(cluster, job.results_topic, group, start, f"{job.consumer_group}-recovery")
+    decoded = result_codec.decode_results(result_codec.result_layout(job), job.output.format,
+                                          [m.value() for m in records])
+    ids = set(zip(decoded.columns[RESULT_ID_HI].tolist(), decoded.columns[RESULT_ID_LO].tolist()))
+    return ids, (records[-1].offset() + 1 if records else start)
+
+
+def _not_in(results: Block, present: set[tuple[int, int]]) -> Block:
+    """The results whose ids are not among `present` (recovery only: a batch at most)."""
+    keep = [(hi, lo) not in present for hi, lo in zip(results[RESULT_ID_HI].tolist(), results[RESULT_ID_LO].tolist())]
+    return results.filter(np.asarray(keep, dtype=bool)) if len(results) else results
+
+
+def _offsets(end: dict[str, dict[int, int]]) -> list[TopicPartition]:
+    return [TopicPartition(topic, p, o) for topic, parts in end.items() for p, o in parts.items()]
+
+
+def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: dict[str, dict[int, int]],
+                 end: dict[str, dict[int, int]]) -> dict[int, RecordBuffer]:
+    """The records of one batch: every input partition from the checkpoint's boundary up to the batch's."""
+    stream_of = {job.topic_of(s): i for i, s in enumerate(job.streams)}
+    forwarded = {job.by_key_topic(s): i for i, s in enumerate(job.streams)}
+    wanted = {(topic, p): hi for topic, parts in end.items() for p, hi in parts.items()
+              if hi > start.get(topic, {}).get(p, 0)}
     buffers: dict[int, RecordBuffer] = {}
     c = cluster.consumer(f"{job.consumer_group}-recovery")
     try:
-        wanted = {}
-        for i, s in enumerate(job.streams):
-            lo, hi = start.get(s.name, 0), end.get(s.name, 0)
-            if hi > lo:
-                wanted[(job.topic_of(s), group)] = (i, hi)
-                buffers[i] = RecordBuffer()
-        c.assign([TopicPartition(t, p, start.get(job.streams[i].name, OFFSET_BEGINNING) or OFFSET_BEGINNING)
-                  for (t, p), (i, _) in wanted.items()])
+        c.assign([TopicPartition(t, p, start.get(t, {}).get(p, 0) or OFFSET_BEGINNING) for t, p in wanted])
         remaining = set(wanted)
         while remaining:
             for m in c.consume(10_000, 1.0):
-                i, hi = wanted[(m.topic(), m.partition())]
-                if m.error() is None and m.offset() < hi:
-                    buffers[i].add(m)
+                if m.error() is not None or m.offset() >= wanted[(m.topic(), m.partition())]:
+                    continue
+                if m.topic() in stream_of:
+                    buffers.setdefault(stream_of[m.topic()], RecordBuffer()).add(m, group)
+                else:
+                    buffers.setdefault(forwarded[m.topic()], RecordBuffer()).add_forwarded(m, origin_of(m))
             # Position, not the last offset seen: transaction markers occupy offsets no reader sees.
             for tp in c.position([TopicPartition(t, p) for t, p in remaining]):
-                if tp.offset >= wanted[(tp.topic, tp.partition)][1]:
+                if tp.offset >= wanted[(tp.topic, tp.partition)]:
                     remaining.discard((tp.topic, tp.partition))
         return buffers
     finally:
         c.close()
 
 
-def _dead_letters_written(job: JobSettings, cluster: kafka.Cluster, group: int, start: int) -> set[tuple[str, int]]:
+def _dead_letters_written(job: JobSettings, cluster: kafka.Cluster, group: int,
+                          start: int) -> set[tuple[str, int, int]]:
     out = set()
     for m in kafka.read_partition(cluster, job.dead_letter_topic, group, start, f"{job.consumer_group}-recovery"):
         h = decode_headers(m.headers())
-        out.add((h[H_TOPIC], int(h[H_OFFSET])))
+        out.add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
     return out

@@ -19,32 +19,31 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-import zlib
 from collections import deque
 
 import numpy as np
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
-from confluent_kafka.admin import NewTopic
 
 from streamjoin.engine.block import OFF, PART, TS, Block
 from streamjoin.engine.predicates import UDF_ERROR, compile_terms
 from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
 from streamjoin.engine.psp.messages import Build, Partial, Probe, RoundInfo
 from streamjoin.engine.psp.messages import Message as RingMessage
-from streamjoin.engine.psp.node import Outbox, RingNode, empty_results
+from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column, prefixed
 from streamjoin.engine.psp.slices import G, SSEQ
 from streamjoin.engine.window_join import NO_TIME
 from streamjoin.schemas import control, ring as wire
 from streamjoin.schemas.codecs import encode_block
-from streamjoin.schemas.results import H_WM, dead_letter_headers
+from streamjoin.schemas.results import RoundRelease, dead_letter_headers
 from streamjoin.services import kafka, metrics
-from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group
+from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.processor import late_records
-from streamjoin.services.worker.output import ROWS_PER_CHUNK
+from streamjoin.services.worker.output import Deliveries, ResultWriter
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.settings import JobSettings
+from streamjoin.topology import topics
 
 log = structlog.get_logger("streamjoin.worker.ring")
 MAX_HOP_BYTES = 4 << 20  # a Build or Partial above this (NumPy bytes) is split; see _pieces
@@ -77,12 +76,12 @@ class RingWorker:
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
         self.local: deque[RingMessage] = deque()
         self.head: RingHead | None = None
-        self.result_partition = zlib.crc32(worker_id.encode()) % job.partitions
+        self.deliveries = Deliveries()
+        self.results = ResultWriter(job, self.out, self.deliveries, every_report=True)
         self.health = metrics.HealthState()
         self.stopping = False
         self.metrics_url = ""
         self.dead_seen: set[tuple[int, int, int]] = set()
-        self.no_results = empty_results(self.plan, ring_templates(job))
 
     # ------------------------------------------------------------------ main
     def run(self) -> None:
@@ -171,24 +170,17 @@ class RingWorker:
             value, headers = wire.encode(piece)
             self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0)
 
-    def _results(self, block: Block, info: RoundInfo | None, force: bool = False) -> None:
-        if not len(block) and not force:
-            return
-        out = Block({k: v for k, v in block.columns.items() if k != "newest_arrival_ms"})
-        headers = [("sj-node", self.id.encode()), ("sj-round", str(info.round if info else -1).encode()),
-                   (H_WM, str(info.watermark if info else NO_TIME).encode())]
-        # A big round's results would exceed the broker's record size: records of at most
-        # ROWS_PER_CHUNK rows, as hash mode writes them (an empty block is one record, the marker).
-        for start in range(0, max(len(out), 1), ROWS_PER_CHUNK):
-            part = out if len(out) <= ROWS_PER_CHUNK else out.take(np.arange(start, min(start + ROWS_PER_CHUNK,
-                                                                                   len(out))))
-            self.out.produce(self.job.results_topic, value=encode_block(part), partition=self.result_partition,
-                             headers=headers)
+    def _results(self, block: Block, info: RoundInfo | None) -> None:
         if len(block):
-            metrics.RESULTS_OUT.inc(len(block))
-            metrics.DELAY_SECONDS.observe_many((block["produced_ms"] - block["newest_arrival_ms"]) / 1000.0)
+            self.results.write(block, blocks_key=self.id.encode())
             if info is not None:
                 metrics.RING_RESPONSE_SECONDS.observe_many((block["produced_ms"] - info.released_ms) / 1000.0)
+
+    def release_record(self, info: RoundInfo) -> None:
+        """The round's release on the commits topic: inputs below its watermark are joined for good."""
+        release = RoundRelease(node=self.id, round=info.round, watermark=info.watermark)
+        self.out.produce(self.job.commits_topic, value=release.model_dump_json().encode(), key=self.id.encode(),
+                         partition=0, on_delivery=self.deliveries.report)
 
     def _udf_dead_letters(self, trigger: int, rows: Block, detail: str) -> None:
         """The trigger records whose probe the UDF failed on, once per record and node; the
@@ -226,8 +218,12 @@ class RingHead:
         self.target = planner.layout
         m = len(self.job.streams)
         self.sources = worker.cluster.consumer(self.job.consumer_group)
-        self.sources.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in self.job.input_topics
-                             for p in range(self.job.partitions)])
+        metadata = worker.cluster.admin().list_topics(timeout=30).topics
+        # Ring mode does not partition by key: every partition of every source topic, whatever their counts.
+        self.source_partitions = [[TopicPartition(t, p) for p in sorted(metadata[t].partitions)]
+                                  for t in self.job.input_topics]
+        self.sources.assign([TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING)
+                             for parts in self.source_partitions for tp in parts])
         self.topic_stream = {t: i for i, t in enumerate(self.job.input_topics)}
         self.buffers: dict[int, RecordBuffer] = {}
         self.sequencer = Sequencer(m)
@@ -239,6 +235,7 @@ class RingHead:
         self.last_release = 0.0
         self.paused: set[int] = set()  # streams whose intake waits for the rounds to catch up
         self.tuples_per_record: float | None = None  # latest decode's ratio (block records hold many)
+        self.routing = routing_for(self.job, self.job.partitions)  # ring mode: no co-partitioning to check
 
     @property
     def busy(self) -> bool:
@@ -287,8 +284,7 @@ class RingHead:
         want = {i for i, b in enumerate(self.pending)
                 if len(b) >= cap and low is not None and self.max_ts[i] > low}  # type: ignore[operator]
         for i in want ^ self.paused:
-            parts = [TopicPartition(self.job.input_topics[i], p) for p in range(self.job.partitions)]
-            (self.sources.pause if i in want else self.sources.resume)(parts)
+            (self.sources.pause if i in want else self.sources.resume)(self.source_partitions[i])
         self.paused = want
 
     def _low_max_ts(self) -> int | None:
@@ -318,7 +314,7 @@ class RingHead:
         if m.error() is not None:
             metrics.BROKER_ERRORS.labels(m.error().name()).inc()
             return
-        self.buffers.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m)
+        self.buffers.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m, m.partition())
         self.offsets[(m.topic(), m.partition())] = m.offset() + 1
 
     def _decode(self) -> None:
@@ -326,14 +322,14 @@ class RingHead:
         for i, buf in self.buffers.items():
             if not len(buf):
                 continue
-            slices = decode_by_group(self.job, i, buf)
+            slices = decode_by_group(self.job, i, buf, self.routing, {})
             dead: list[DeadRecord] = [d for sl in slices.values() for d in sl.dead]
             blocks = [sl.block for sl in slices.values()]
             block = Block({k: np.concatenate([b[k] for b in blocks]) for k in blocks[0].names})
             self.tuples_per_record = max(1.0, len(block) / len(buf), 0.5 * (self.tuples_per_record or 1.0))
             late = block[TS] < self.watermark
             if late.any():  # hash mode's convention: a block record's late tuples go as a block of just those
-                dead += late_records(self.job, i, buf, block.filter(late), self.watermark)
+                dead += late_records(self.job, i, -1, buf, block.filter(late), self.watermark)
             self._dead_letters(dead)
             fresh = block.filter(~late)
             if len(fresh):
@@ -346,8 +342,8 @@ class RingHead:
     def _dead_letters(self, dead: list[DeadRecord]) -> None:
         for d in dead:
             topic = self.job.topic_of(self.job.streams[d.stream])
-            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key, partition=d.partition,
-                               headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
+            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
+                               partition=d.partition % self.job.partitions, headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
             metrics.DEAD_LETTER.labels(d.reason).inc()
 
     def _release(self, handoff: dict[str, str] | None = None) -> None:
@@ -369,7 +365,7 @@ class RingHead:
                 metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(b))
         probe = Probe(info, tuple(tuples))
         out = self.w.node.release(probe, int(time.time() * 1000))
-        self.w._results(self.w.no_results, info, force=True)  # the round's marker: its release watermark, for the verifier
+        self.w.release_record(info)
         self.w.send(out, probe)
         self._commit()
 
@@ -398,17 +394,9 @@ def _empty(block: Block) -> Block:
 
 
 def ensure_hop_topic(job: JobSettings, cluster: kafka.Cluster, node: str) -> None:
-    """A ring node's inbox: one partition, so its predecessor's messages stay in order."""
-    admin = cluster.admin()
-    name = job.hop_topic(node)
-    if name in admin.list_topics(timeout=30).topics:
-        return
-    for fut in admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=30).values():
-        try:
-            fut.result()
-        except Exception as e:  # created concurrently by the head or the coordinator
-            if "already exists" not in str(e).lower():
-                raise
+    """A ring node's inbox: one partition, so its predecessor's messages stay in order; created
+    with the job's `topics.ring_hop` settings (concurrent creation by the head or the coordinator is fine)."""
+    topics.create_missing(cluster.admin(), [topics.hop_plan(job, node)], timeout=30)
 
 
 def run_ring_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:

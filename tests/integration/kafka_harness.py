@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from confluent_kafka import Producer
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
-from streamjoin.schemas.codecs import decode_block
-from streamjoin.schemas.results import H_OFFSET, H_REASON, H_TOPIC, BatchHeader, decode_headers
+from streamjoin.schemas.result_codec import decode_results, result_layout
+from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, decode_commit, decode_headers
 from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
 from streamjoin.topology.partitioner import key_bytes
@@ -56,20 +56,40 @@ class Check:
         return self.missing == self.extra == self.duplicates == 0
 
 
-def check(job: JobSettings, bootstrap: str) -> Check:
-    names = [s.name for s in job.streams]
-    dead = read_all(bootstrap, job.dead_letter_topic, job.partitions, "check-dlq")
-    dead_refs = set()
-    reasons: Counter = Counter()
-    for m in dead:
+def produced_refs(job: JobSettings, bootstrap: str) -> list[tuple[tuple[str, int, int], ...]]:
+    """Every result on the results topic as its inputs' refs, in stream order (repeats kept)."""
+    records = read_all(bootstrap, job.results_topic, job.partitions, "check-out")
+    decoded = decode_results(result_layout(job), job.output.format, [m.value() for m in records])
+    assert not decoded.rejects, decoded.rejects[:3]
+    cols = [(job.topic_of(s), decoded.columns[f"{s.name}.partition"].tolist(),
+             decoded.columns[f"{s.name}.offset"].tolist())
+            for s in job.streams]
+    return [tuple((t, ps[r], os[r]) for t, ps, os in cols) for r in range(len(cols[0][1]))]
+
+
+def commits(job: JobSettings, bootstrap: str) -> list:
+    """The commit records (BatchCommit, RoundRelease) on the job's commits topic."""
+    return [decode_commit(m.value()) for m in read_all(bootstrap, job.commits_topic, job.partitions, "check-commits")]
+
+
+def dead_letters(job: JobSettings, bootstrap: str) -> tuple[set[tuple[str, int, int]], Counter]:
+    """The inputs the dead-letter topic stands for, and the count per reason."""
+    refs, reasons = set(), Counter()
+    for m in read_all(bootstrap, job.dead_letter_topic, job.partitions, "check-dlq"):
         h = decode_headers(m.headers())
-        dead_refs.add((h[H_TOPIC], m.partition(), int(h[H_OFFSET])))
+        refs.add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
         reasons[h[H_REASON]] += 1
+    return refs, reasons
+
+
+def check(job: JobSettings, bootstrap: str) -> Check:
+    dead_refs, reasons = dead_letters(job, bootstrap)
     streams = []
     for s in job.streams:
         topic = job.topic_of(s)
         rows = []
-        for m in read_all(bootstrap, topic, job.partitions, "check-in"):
+        partitions = len(kafka.Cluster(bootstrap).admin().list_topics(topic, timeout=10).topics[topic].partitions)
+        for m in read_all(bootstrap, topic, partitions, "check-in"):
             ref = (topic, m.partition(), m.offset())
             if ref in dead_refs:
                 continue
@@ -77,15 +97,10 @@ def check(job: JobSettings, bootstrap: str) -> Check:
             rows.append(RefTuple(ref, v["k"], v["ts"]))
         streams.append(rows)
     windows = [RefWindow(s.window.range_ms, s.window.rows) for s in job.streams]
-    produced: list[tuple] = []
+    produced = produced_refs(job, bootstrap)
     final_wm: dict[int, int] = {}
-    for m in read_all(bootstrap, job.results_topic, job.partitions, "check-out"):
-        h = BatchHeader.decode(m.headers())
-        final_wm[h.group] = max(final_wm.get(h.group, h.watermark), h.watermark)
-        b = decode_block(m.value())
-        for i in range(len(b)):
-            produced.append(tuple((job.topic_of(s), int(b[f"{n}.partition"][i]), int(b[f"{n}.offset"][i]))
-                                  for s, n in zip(job.streams, names)))
+    for c in commits(job, bootstrap):
+        final_wm[c.group] = max(final_wm.get(c.group, c.watermark), c.watermark)
     expected = reference_join(streams, windows, final_wm if job.emits_on_watermark else None)
     counts = Counter(produced)
     return Check(

@@ -11,11 +11,10 @@ import numpy as np
 
 from streamjoin.engine.predicates import UdfFailure, compile_terms
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
-from streamjoin.schemas.codecs import decode_block
-from streamjoin.schemas.results import H_OFFSET, H_REASON, H_TOPIC, H_WM, decode_headers
+from streamjoin.schemas.results import H_OFFSET, H_REASON, H_TOPIC, RoundRelease, decode_headers
 from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
-from tests.integration.kafka_harness import Check, read_all
+from tests.integration.kafka_harness import Check, commits, produced_refs, read_all
 
 
 def band_rows(job: JobSettings, n: int, seed: int, t0: int = 1_000, span_ms: int = 20_000) -> list[tuple[int, dict]]:
@@ -53,14 +52,9 @@ def check_ring(job: JobSettings, bootstrap: str) -> Check:
         reasons[h[H_REASON]] += 1
         if h[H_REASON] != "udf-error":  # udf-error records were joined; only their failing pairs were not
             excluded.add((h[H_TOPIC], m.partition(), int(h[H_OFFSET])))
-    produced, released_below = [], None
-    for m in read_all(bootstrap, job.results_topic, job.partitions, "rcheck-out"):
-        wm = int(decode_headers(m.headers())[H_WM])
-        released_below = wm if released_below is None else max(released_below, wm)
-        b = decode_block(m.value())
-        cols = [(b[f"{s.name}.partition"], b[f"{s.name}.offset"]) for s in job.streams]
-        produced += [tuple((job.topic_of(s), int(p[r]), int(o[r])) for s, (p, o) in zip(job.streams, cols))
-                     for r in range(len(b))]
+    produced = produced_refs(job, bootstrap)
+    releases = [c.watermark for c in commits(job, bootstrap) if isinstance(c, RoundRelease)]
+    released_below = max(releases) if releases else None
     streams = []
     for s in job.streams:
         topic = job.topic_of(s)

@@ -1,10 +1,13 @@
 """A loopback TCP proxy that can drop every connection and refuse new ones for
-a while: the broker 'going away' without losing its (memory-only) records."""
+a while: the broker 'going away' without losing its (memory-only) records.
+`SniffingProxy` also reads the header of every Kafka request passing through."""
 
 from __future__ import annotations
 
 import socket
+import struct
 import threading
+from dataclasses import dataclass
 
 
 class Proxy:
@@ -54,8 +57,12 @@ class Proxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._forward_requests, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    def _forward_requests(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Client to broker: plain forwarding here; SniffingProxy reads the requests on the way."""
+        self._pump(client, upstream)
 
     @staticmethod
     def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -65,8 +72,61 @@ class Proxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _shut(src, dst)
+
+
+def _shut(*sockets: socket.socket) -> None:
+    """Shut both ways, so the thread pumping the other direction ends too."""
+    for s in sockets:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+@dataclass(frozen=True)
+class Request:
+    """The header fields every Kafka request starts with (request header v0-v2)."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def parse_requests(buffer: bytearray) -> list[Request]:
+    """The complete requests at the start of `buffer` (removed from it); a partial one stays.
+    Each is int32 size, then api_key int16, api_version int16, correlation_id int32 and
+    client_id as an int16-length string (-1 = null), the rest of the frame unread."""
+    found = []
+    while len(buffer) >= 4:
+        (size,) = struct.unpack_from(">i", buffer, 0)
+        if len(buffer) < 4 + size:
+            break
+        api_key, api_version, correlation_id, id_length = struct.unpack_from(">hhih", buffer, 4)
+        client_id = None if id_length < 0 else bytes(buffer[14:14 + id_length]).decode("utf-8", "replace")
+        found.append(Request(api_key, api_version, correlation_id, client_id))
+        del buffer[:4 + size]
+    return found
+
+
+class SniffingProxy(Proxy):
+    """A Proxy that records the header of every request clients send through it (`requests`)."""
+
+    def __init__(self, listen_port: int, target_port: int) -> None:
+        self.requests: list[Request] = []
+        super().__init__(listen_port, target_port)
+
+    def _forward_requests(self, client: socket.socket, upstream: socket.socket) -> None:
+        pending = bytearray()
+        try:
+            while data := client.recv(1 << 16):
+                upstream.sendall(data)
+                pending += data
+                found = parse_requests(pending)
+                with self._lock:
+                    self.requests += found
+        except OSError:
+            pass
+        finally:
+            _shut(client, upstream)

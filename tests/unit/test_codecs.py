@@ -72,17 +72,20 @@ def test_avro_records_round_trip_and_bad_bytes_are_rejected() -> None:
 def test_block_records_give_each_tuple_a_unique_offset() -> None:
     rows = Block({"k": np.array([5, 6]), "ts": np.array([1, 2]), "pad": np.array(["a", "b"]),
                   "x": np.array([0.0, 1.0])})
-    values = [encode_block(rows), b"garbage", encode_block(rows)]
-    out = decode_blocks(SPEC, values, np.zeros(3, np.int32), np.array([40, 41, 42]), np.zeros(3, np.int64))
+    bad_utf8 = encode_block(rows).replace(b"\x00\x00a", b"\x00\x00\xff")  # reads fine, then fails to convert
+    values = [encode_block(rows), b"garbage", encode_block(rows), b"\x00" + encode_block(rows), bad_utf8]
+    out = decode_blocks(SPEC, values, np.zeros(5, np.int32), np.array([40, 41, 42, 43, 44]), np.zeros(5, np.int64))
     assert out.block[KEY].tolist() == [5, 6, 5, 6]
     assert out.block[OFF].tolist() == [40 << BLOCK_SHIFT, (40 << BLOCK_SHIFT) + 1, 42 << BLOCK_SHIFT,
                                        (42 << BLOCK_SHIFT) + 1]
-    assert [r.index for r in out.rejects] == [1]
+    assert [r.index for r in out.rejects] == [1, 3, 4]  # a damaged IPC stream raises OSError inside Arrow
+    assert "UTF8" in out.rejects[2].detail
 
 
 def test_internal_block_codec_round_trips_every_dtype() -> None:
     b = Block({"i": np.array([1, -2], np.int64), "u": np.array([3, 4], np.uint64), "f": np.array([0.5, 1.5]),
-               "s": np.array(["x", "yé"]), "b": np.array([True, False])})
+               "s": np.array(["x", "yé"]), "b": np.array([True, False]),
+               "nul": np.array(["a\x00b", "\x00"]), "raw": np.array([b"\x00\x01", b"z"])})
     back = decode_block(encode_block(b))
     for name in b.names:
         assert back[name].tolist() == b[name].tolist()

@@ -235,6 +235,7 @@ def test_default_release_resources(default_docs):
     assert kinds == sorted([
         ("ConfigMap", full),
         ("ConfigMap", f"{full}-topics"),
+        ("ConfigMap", f"{full}-results-schema"),
         ("Deployment", f"{full}-coordinator"),
         ("Job", f"{full}-topics"),
         ("PodDisruptionBudget", f"{full}-worker"),
@@ -443,7 +444,8 @@ def test_topics_hook_gets_the_same_job_yaml(variant):
 def test_topics_hook_can_be_disabled():
     docs = render({"topics": {"enabled": False}})
     assert not any(d["kind"] == "Job" for d in docs)
-    assert sum(d["kind"] == "ConfigMap" for d in docs) == 1
+    assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap") == \
+        [f"{RELEASE}-streamjoin", f"{RELEASE}-streamjoin-results-schema"]
 
 
 def test_config_change_rolls_the_pods(default_docs):

@@ -91,6 +91,9 @@ so scaling the workers does not change job.yaml and roll every worker.
 {{- $coordinator := deepCopy (default (dict) $job.coordinator) }}
 {{- $_ = set $coordinator "metrics_port" (int .Values.metrics.port) }}
 {{- $_ = set $job "coordinator" $coordinator }}
+{{- with .Values.kafka.client }}
+{{- $_ = set $job "kafka" . }}
+{{- end }}
 {{- toYaml $job }}
 {{- end }}
 
@@ -133,6 +136,46 @@ Environment shared by every container.
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- include "streamjoin.kafkaSecretEnv" . }}
+{{- end }}
+
+{{/*
+Kafka client secrets by secretKeyRef: kafka.secret.env maps a librdkafka
+property to a key of the Secret; the settings read STREAMJOIN_KAFKA__<PROPERTY>.
+*/}}
+{{- define "streamjoin.kafkaSecretEnv" -}}
+{{- $secret := .Values.kafka.secret }}
+{{- if and $secret.name $secret.env }}
+{{- range $property, $key := $secret.env }}
+- name: STREAMJOIN_KAFKA__{{ $property | upper | replace "." "_" }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret.name }}
+      key: {{ $key | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Kafka client Secret as files: a container's volumeMounts entry and the
+pod's volumes entry (both empty without kafka.secret.name and mountPath).
+*/}}
+{{- define "streamjoin.kafkaSecretMount" -}}
+{{- if and .Values.kafka.secret.name .Values.kafka.secret.mountPath }}
+- name: kafka-secret
+  mountPath: {{ .Values.kafka.secret.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "streamjoin.kafkaSecretVolume" -}}
+{{- if and .Values.kafka.secret.name .Values.kafka.secret.mountPath }}
+- name: kafka-secret
+  secret:
+    secretName: {{ .Values.kafka.secret.name }}
+    # 0440: the pods run as a non-root user in the fsGroup, which owns the files.
+    defaultMode: 0440
+{{- end }}
 {{- end }}
 
 {{/*

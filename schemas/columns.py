@@ -1,0 +1,134 @@
+"""Block columns as Arrow arrays and back, byte for byte, for the encoders
+that build whole blocks of records with Arrow compute.
+
+NumPy's fixed-width str ('U') and bytes ('S') columns end each value at its
+last non-NUL unit; `pa.array` would also cut a value at its first NUL, so
+the conversions here keep interior NULs. Arrow arrays use 64-bit offsets
+(large_string, large_binary): a block of results may exceed 2 GiB of text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def string_array(values: np.ndarray) -> pa.LargeStringArray:
+    """A str column (NumPy 'U' or object) as Arrow UTF-8 strings, interior NULs kept.
+
+    values: the column; its strings must be surrogate-free (UTF-8 cannot hold lone surrogates)."""
+    values = np.asarray(values)
+    if values.dtype.kind == "O":
+        return pa.array(values, pa.large_string())
+    arr = pa.array(values, pa.large_string())
+    # Arrow's NumPy 'U' conversion stops at a NUL; NumPy's own length does not: redo the few that differ.
+    cut = np.strings.str_len(values) != pc.utf8_length(arr).to_numpy()
+    if cut.any():
+        arr = pc.replace_with_mask(arr, pa.array(cut), pa.array(values[cut].tolist(), pa.large_string()))
+    return arr
+
+
+def binary_array(values: np.ndarray) -> pa.LargeBinaryArray:
+    """A bytes column (NumPy 'S') as Arrow binary, byte for byte up to each value's last non-NUL byte.
+
+    values: the column."""
+    n, width = len(values), values.dtype.itemsize
+    raw = np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).reshape(n, width)
+    nonzero = raw != 0
+    lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
+    data = raw[np.arange(width) < lengths[:, None]]
+    return from_flat(pa.large_binary(), data, lengths)
+
+
+def from_flat(arrow_type: pa.DataType, data: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """An Arrow large_string/large_binary array over concatenated values (no nulls).
+
+    arrow_type: pa.large_string() or pa.large_binary(); data: the values' bytes end to end (uint8);
+    lengths: each value's byte length (sums to len(data))."""
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.Array.from_buffers(arrow_type, len(lengths), [None, pa.py_buffer(offsets),
+                                                           pa.py_buffer(np.ascontiguousarray(data, np.uint8))])
+
+
+def flat(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(data uint8, offsets int64 of len(values) + 1) of an Arrow binary-like array without copying its data.
+
+    values: binary, string, large_binary or large_string, no nulls. Offsets index into data
+    (they need not start at 0 when the array is a slice)."""
+    if values.null_count:
+        raise ValueError("null values have no bytes")
+    large = pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)
+    _, offsets_buf, data_buf = values.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64 if large else np.int32)[values.offset:values.offset + len(values) + 1]
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    return data, offsets.astype(np.int64)
+
+
+def to_bytes_list(values: pa.Array) -> list[bytes]:
+    """The values as Python bytes, e.g. record values or keys for the producer (the one per-row step).
+
+    values: any binary-like Arrow array without nulls."""
+    if pa.types.is_string(values.type):
+        values = values.cast(pa.binary())  # zero-copy: same buffers
+    elif pa.types.is_large_string(values.type):
+        values = values.cast(pa.large_binary())
+    return values.to_pylist()
+
+
+_BASE64 = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", np.uint8)
+_PAD, _NOT_BASE64 = 64, 255
+_BASE64_VALUE = np.full(256, _NOT_BASE64, np.uint8)
+_BASE64_VALUE[_BASE64] = np.arange(64, dtype=np.uint8)
+_BASE64_VALUE[ord("=")] = _PAD
+
+
+def base64_encode(values: pa.Array) -> pa.LargeStringArray:
+    """Standard, padded base64 (RFC 4648) of every value.
+
+    values: binary-like Arrow array without nulls."""
+    data, offsets = flat(values)
+    lengths = np.diff(offsets)
+    triples = (lengths + 2) // 3
+    # Each value's bytes, zero-padded to whole triples, end to end.
+    padded = np.zeros(3 * int(triples.sum()), np.uint8)
+    moved_by = np.repeat(3 * (np.cumsum(triples) - triples) - offsets[:-1], lengths)
+    padded[np.arange(offsets[0], offsets[-1]) + moved_by] = data[offsets[0]:offsets[-1]]
+    t = padded.reshape(-1, 3).astype(np.uint32)
+    v = (t[:, 0] << 16) | (t[:, 1] << 8) | t[:, 2]
+    chars = _BASE64[np.stack([v >> 18, (v >> 12) & 63, (v >> 6) & 63, v & 63], axis=1)].ravel()
+    ends, short_by = 4 * np.cumsum(triples), (3 - lengths % 3) % 3  # 1 or 2 '=' where the last triple is short
+    chars[ends[short_by == 2] - 2] = ord("=")
+    chars[ends[short_by >= 1] - 1] = ord("=")
+    return from_flat(pa.large_string(), chars, 4 * triples)
+
+
+def base64_decode(values: pa.Array) -> tuple[pa.LargeBinaryArray, np.ndarray]:
+    """(decoded values, bool mask of the values that were valid padded base64); invalid ones decode to b"".
+
+    values: string-like Arrow array without nulls."""
+    data, offsets = flat(values)
+    data = data[offsets[0]:offsets[-1]]
+    offsets = offsets - offsets[0]
+    lengths = np.diff(offsets)
+    digits = _BASE64_VALUE[data]
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    pads = np.bincount(row_of, weights=digits == _PAD, minlength=len(lengths)).astype(np.int64)
+    invalid = np.bincount(row_of, weights=digits == _NOT_BASE64, minlength=len(lengths)) > 0
+    # Padding is "=" or "==" at the very end: the last `pads` digits are all pads. (Two guard
+    # digits in front let every value's last two be read; masks drop what belongs to another.)
+    guarded, ends = np.concatenate([np.full(2, _NOT_BASE64, np.uint8), digits]), offsets[1:]
+    last_is_pad = (lengths > 0) & (guarded[ends + 1] == _PAD)
+    second_is_pad = (lengths > 1) & (guarded[ends] == _PAD) & last_is_pad
+    ok = (lengths % 4 == 0) & ~invalid & (pads == last_is_pad.astype(np.int64) + second_is_pad)
+    keep = ok[row_of]
+    quads = np.where(digits == _PAD, 0, digits)[keep].astype(np.uint32).reshape(-1, 4)
+    v = (quads[:, 0] << 18) | (quads[:, 1] << 12) | (quads[:, 2] << 6) | quads[:, 3]
+    decoded = np.stack([v >> 16, (v >> 8) & 255, v & 255], axis=1).astype(np.uint8).ravel()
+    sizes = np.where(ok, 3 * lengths // 4, 0)
+    drop = np.zeros(len(decoded), bool)  # the bytes that stand for padding
+    decoded_ends = np.cumsum(sizes)
+    drop[decoded_ends[ok & (pads >= 1)] - 1] = True
+    drop[decoded_ends[ok & (pads == 2)] - 2] = True
+    return from_flat(pa.large_binary(), decoded[~drop], sizes - np.where(ok, pads, 0)), ok

@@ -1,0 +1,627 @@
+"""The result record: what a job writes on its results topic, one Kafka
+record per result (JSON or Avro), or Arrow IPC blocks of many results for
+high-rate internal consumers (`output.format`).
+
+Every encoder takes a whole result block (engine/window_join.py's columns:
+result_id_hi, result_id_lo, event_time, produced_ms, then per stream
+`s.partition`, `s.offset`, `s.ts`, `s.<field>`) and builds all its records at
+once: per-row pieces are Arrow arrays, the text or bytes that every row shares
+are scalars, and Arrow's `binary_join_element_wise` concatenates them row by
+row in C++. The only per-row Python step is handing the records over as bytes.
+
+JSON value (compact, keys in this order):
+  {"result_id":"<32 hex>","event_time":T,"produced_ms":t,
+   "inputs":{"<s>":{"topic":"<source topic>","partition":p,"offset":o[,"index":i]},...},
+   "<s>":{"<field>":value,...},...}
+  floats as Python's repr (shortest round trip), NaN/Inf as null; strings as
+  json.dumps(ensure_ascii=False) writes them; bytes as padded base64. For a
+  `format: blocks` stream, offset is the Kafka record's and index the tuple's
+  place in it (the engine's tuple offset is (offset << BLOCK_SHIFT) | index).
+Avro value: schemaless binary of `results_avro_schema(layout)`.
+Key: hash mode the join-key text of the first stream's key fields (so the
+record lands on the results partition of its group), ring mode the 32-hex id.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import fastavro
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from streamjoin.engine.block import Block
+from streamjoin.engine.result_ids import (EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, parse_result_id_hex,
+                                          result_id_hex)
+from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
+from streamjoin.schemas.columns import (base64_decode, base64_encode, binary_array, flat, from_flat, string_array,
+                                        to_bytes_list)
+from streamjoin.settings import FieldType, JobSettings
+from streamjoin.topology.partitioner import key_text
+
+__all__ = ["ROWS_PER_CHUNK", "DROPPED_COLUMNS", "StreamLayout", "ResultLayout", "DecodedResults", "result_layout",
+           "result_columns", "json_documents", "encode_json", "avro_values", "encode_avro", "encode_blocks",
+           "results_avro_schema", "result_keys", "decode_results"]
+
+ROWS_PER_CHUNK = 50_000  # blocks format: rows per record; fixed, so a replayed batch chunks identically
+DROPPED_COLUMNS = ("newest_arrival_ms",)  # internal (delay metrics), never written
+_INDEX_MASK = (1 << BLOCK_SHIFT) - 1
+_AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boolean", "bytes": "bytes"}
+_ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "bytes": pa.binary()}
+_HEX_ID = r"^[0-9a-f]{32}$"
+_VARINT_LIMITS = np.left_shift(np.uint64(1), np.uint64(7) * np.arange(1, 10, dtype=np.uint64))  # a varint byte more
+
+
+# ------------------------------------------------------------------ layout
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """One stream's part of a result record."""
+
+    name: str
+    topic: str  # its source topic, named in the record's input refs
+    blocks: bool  # format: blocks, so its tuple offsets hold (record offset << BLOCK_SHIFT) | index
+    fields: tuple[tuple[str, FieldType], ...]  # job.result_fields(stream), in job order
+    time_field: str
+    key_fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ResultLayout:
+    """What the result records of a job look like (built once from its settings)."""
+
+    job: str
+    mode: Literal["hash", "ring"]
+    streams: tuple[StreamLayout, ...]
+
+
+def result_layout(job: JobSettings) -> ResultLayout:
+    """The result record layout of `job`."""
+    return ResultLayout(job.job, job.join.mode, tuple(
+        StreamLayout(s.name, job.topic_of(s), s.format == "blocks", tuple(job.result_fields(s).items()), s.time_field,
+                     tuple(s.key_fields))
+        for s in job.streams))
+
+
+def result_columns(layout: ResultLayout) -> dict[str, FieldType]:
+    """The result block's written columns, in order, with their field types (ids are uint64,
+    partitions int32; the rest as named)."""
+    cols: dict[str, FieldType] = {RESULT_ID_HI: "int", RESULT_ID_LO: "int", EVENT_TIME: "int", PRODUCED_MS: "int"}
+    for s in layout.streams:
+        cols |= {f"{s.name}.partition": "int", f"{s.name}.offset": "int", f"{s.name}.ts": "int"}
+        cols |= {f"{s.name}.{f}": t for f, t in s.fields}
+    return cols
+
+
+def _split_offsets(stream: StreamLayout, tuple_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(record offsets, indexes within the record or None) of a stream's tuple offsets."""
+    offsets = np.asarray(tuple_offsets, np.int64)
+    if not stream.blocks:
+        return offsets, None
+    return offsets >> BLOCK_SHIFT, offsets & _INDEX_MASK
+
+
+# ------------------------------------------------------------ row assembly
+
+
+class _Rows:
+    """Every row's record as a sequence of pieces: the same bytes for every row
+    (literals, merged while adjacent) or one value per row (Arrow arrays)."""
+
+    def __init__(self, arrow_type: pa.DataType) -> None:
+        """arrow_type: pa.large_string() (JSON text) or pa.large_binary() (Avro bytes)."""
+        self.arrow_type = arrow_type
+        self.pieces: list[pa.Array | pa.Scalar] = []
+        self.literal = b""
+
+    def same(self, piece: str | bytes) -> None:
+        """Append what every row has here. piece: text (UTF-8) or bytes."""
+        self.literal += piece.encode() if isinstance(piece, str) else piece
+
+    def each(self, values: pa.Array) -> None:
+        """Append one piece per row. values: large_string or large_binary array (cast to the record's type)."""
+        self._flush()
+        self.pieces.append(values.cast(self.arrow_type))
+
+    def _flush(self) -> None:
+        if self.literal:
+            text = self.literal.decode() if self.arrow_type == pa.large_string() else self.literal
+            self.pieces.append(pa.scalar(text, self.arrow_type))
+            self.literal = b""
+
+    def join(self) -> pa.Array:
+        """The records, one per row."""
+        self._flush()
+        return pc.binary_join_element_wise(*self.pieces, pa.scalar(b"" if self.arrow_type == pa.large_binary()
+                                                                   else "", self.arrow_type))
+
+
+def _hex_ids(block: Block) -> pa.LargeStringArray:
+    """The 32-hex result ids (ASCII) as an Arrow string array, without a per-row step."""
+    ids = result_id_hex(block[RESULT_ID_HI], block[RESULT_ID_LO])
+    return from_flat(pa.large_string(), ids.view(np.uint8), np.full(len(ids), 32, np.int64))
+
+
+# -------------------------------------------------------------------- JSON
+
+_JSON_SHORT_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+# What json.dumps(ensure_ascii=False) escapes: " \ and the control characters below 0x20.
+_JSON_ESCAPES = {c: _JSON_SHORT_ESCAPES.get(c, f"\\u{c:04x}") for c in [*range(0x20), 0x22, 0x5C]}
+
+
+def _json_text(values: pa.LargeStringArray) -> pa.LargeStringArray:
+    """Strings escaped for a JSON string literal (without the quotes). Only rows that hold a
+    character to escape go through the replacements, and only for the characters present."""
+    data, offsets = flat(values)
+    data, offsets = data[offsets[0]:offsets[-1]], offsets - offsets[0]
+    needs = (data < 0x20) | (data == 0x22) | (data == 0x5C)  # 10x faster than a 256-entry lookup
+    if not needs.any():
+        return values
+    seen = np.concatenate([[0], np.cumsum(needs)])
+    rows = seen[offsets[1:]] > seen[offsets[:-1]]
+    escaped = values.filter(pa.array(rows))
+    present = np.unique(data[needs])
+    for char in sorted(present.tolist(), key=lambda c: c != 0x5C):  # backslash first: later escapes add some
+        escaped = pc.replace_substring(escaped, chr(char), _JSON_ESCAPES[char])
+    return pc.replace_with_mask(values, pa.array(rows), escaped)
+
+
+def _int_text(values: np.ndarray) -> pa.LargeStringArray:
+    return pa.array(np.asarray(values, np.int64)).cast(pa.large_string())
+
+
+def _float_text(values: np.ndarray) -> pa.LargeStringArray:
+    """Shortest round-trip text, as Python's repr (NumPy's float-to-str cast is the same
+    algorithm, in C), so integral values keep their ".0"; NaN and infinities are null."""
+    values = np.asarray(values, np.float64)
+    text = pa.array(values.astype(str), pa.large_string())
+    finite = np.isfinite(values)
+    return text if finite.all() else pc.if_else(pa.array(finite), text, pa.scalar("null", pa.large_string()))
+
+
+def _json_value(rows: _Rows, values: np.ndarray, ftype: FieldType) -> None:
+    """Append one field's JSON values. values: the block column; ftype: its field type."""
+    if ftype == "int":
+        rows.each(_int_text(values))
+    elif ftype == "float":
+        rows.each(_float_text(values))
+    elif ftype == "bool":
+        rows.each(pa.array(np.asarray(values, np.bool_)).cast(pa.large_string()))
+    else:
+        rows.same('"')
+        rows.each(_json_text(string_array(values)) if ftype == "str" else base64_encode(binary_array(values)))
+        rows.same('"')
+
+
+def _quoted(name: str) -> str:
+    return json.dumps(name, ensure_ascii=False)
+
+
+def _json_inputs(rows: _Rows, layout: ResultLayout, block: Block) -> None:
+    rows.same(',"inputs":{')
+    for i, s in enumerate(layout.streams):
+        offsets, index = _split_offsets(s, block[f"{s.name}.offset"])
+        rows.same(f'{"," if i else ""}{_quoted(s.name)}:{{"topic":{_quoted(s.topic)},"partition":')
+        rows.each(_int_text(block[f"{s.name}.partition"]))
+        rows.same(',"offset":')
+        rows.each(_int_text(offsets))
+        if index is not None:
+            rows.same(',"index":')
+            rows.each(_int_text(index))
+        rows.same("}")
+    rows.same("}")
+
+
+def json_documents(layout: ResultLayout, block: Block) -> pa.LargeStringArray:
+    """The JSON value of every result, as an Arrow string array.
+
+    layout: the job's `result_layout`; block: a result block (extra columns are ignored)."""
+    rows = _Rows(pa.large_string())
+    rows.same('{"result_id":"')
+    rows.each(_hex_ids(block))
+    rows.same('","event_time":')
+    rows.each(_int_text(block[EVENT_TIME]))
+    rows.same(',"produced_ms":')
+    rows.each(_int_text(block[PRODUCED_MS]))
+    _json_inputs(rows, layout, block)
+    for s in layout.streams:
+        rows.same(f",{_quoted(s.name)}:{{")
+        for j, (field, ftype) in enumerate(s.fields):
+            rows.same(f'{"," if j else ""}{_quoted(field)}:')
+            _json_value(rows, block[f"{s.name}.{field}"], ftype)
+        rows.same("}")
+    rows.same("}")
+    return rows.join()
+
+
+def encode_json(layout: ResultLayout, block: Block) -> list[bytes]:
+    """One compact JSON document (UTF-8) per result of `block`, in block order.
+
+    layout: the job's `result_layout`; block: a result block."""
+    return to_bytes_list(json_documents(layout, block))
+
+
+# -------------------------------------------------------------------- Avro
+
+
+def results_avro_schema(layout: ResultLayout) -> dict:
+    """The Avro schema (.avsc as a dict) of the job's result records."""
+    refs = [{"name": s.name, "type": {"type": "record", "name": f"{s.name}_ref", "fields": [
+        {"name": "topic", "type": "string"}, {"name": "partition", "type": "int"}, {"name": "offset", "type": "long"},
+        *([{"name": "index", "type": "int"}] if s.blocks else [])]}} for s in layout.streams]
+    fields = [{"name": s.name, "type": {"type": "record", "name": f"{s.name}_fields", "fields": [
+        {"name": f, "type": _AVRO_TYPES[t]} for f, t in s.fields]}} for s in layout.streams]
+    return {"type": "record", "name": "Result", "namespace": f"streamjoin.{layout.job.replace('-', '_')}",
+            "fields": [{"name": "result_id", "type": "string"}, {"name": "event_time", "type": "long"},
+                       {"name": "produced_ms", "type": "long"},
+                       {"name": "inputs", "type": {"type": "record", "name": "Inputs", "fields": refs}},
+                       *fields]}
+
+
+def _varints(values: np.ndarray) -> pa.LargeBinaryArray:
+    """Avro's zigzag varint of every value (int and long encode alike). values: integers (int64 range)."""
+    v = np.asarray(values, np.int64)
+    zigzag = (v.view(np.uint64) << np.uint64(1)) ^ (v >> 63).view(np.uint64)
+    sizes = 1 + np.searchsorted(_VARINT_LIMITS, zigzag, side="right")
+    width = int(sizes.max()) if len(sizes) else 1
+    encoded = np.empty((len(v), width), np.uint8)  # 7 bits per byte, low first; all but the last set bit 7
+    for k in range(width):
+        low7 = ((zigzag >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        encoded[:, k] = low7 | ((sizes > k + 1).astype(np.uint8) << np.uint8(7))
+    data = encoded.ravel() if (sizes == width).all() else encoded[np.arange(width) < sizes[:, None]]
+    return from_flat(pa.large_binary(), data, sizes)
+
+
+def _avro_lengths(values: pa.Array) -> pa.LargeBinaryArray:
+    """The varint length prefix of every string/bytes value."""
+    _, offsets = flat(values)
+    return _varints(np.diff(offsets))
+
+
+def _avro_value(rows: _Rows, values: np.ndarray, ftype: FieldType) -> None:
+    """Append one field's Avro encoding. values: the block column; ftype: its field type."""
+    n = len(values)
+    if ftype == "int":
+        rows.each(_varints(values))
+    elif ftype == "float":
+        rows.each(from_flat(pa.large_binary(), np.asarray(values, "<f8").view(np.uint8), np.full(n, 8)))
+    elif ftype == "bool":
+        rows.each(from_flat(pa.large_binary(), np.asarray(values, np.bool_).view(np.uint8), np.ones(n, np.int64)))
+    else:
+        raw = string_array(values) if ftype == "str" else binary_array(values)
+        rows.each(_avro_lengths(raw))
+        rows.each(raw)
+
+
+def _varint(value: int) -> bytes:
+    return _varints(np.array([value])).to_pylist()[0]
+
+
+def _avro_literal_string(text: str) -> bytes:
+    """A string every row shares, Avro-encoded."""
+    raw = text.encode()
+    return _varint(len(raw)) + raw
+
+
+def avro_values(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
+    """The schemaless Avro value of every result, as an Arrow binary array.
+
+    layout: the job's `result_layout`; block: a result block."""
+    rows = _Rows(pa.large_binary())
+    rows.same(_varint(32))  # the id's length prefix
+    rows.each(_hex_ids(block))
+    rows.each(_varints(block[EVENT_TIME]))
+    rows.each(_varints(block[PRODUCED_MS]))
+    for s in layout.streams:
+        offsets, index = _split_offsets(s, block[f"{s.name}.offset"])
+        rows.same(_avro_literal_string(s.topic))
+        rows.each(_varints(block[f"{s.name}.partition"]))
+        rows.each(_varints(offsets))
+        if index is not None:
+            rows.each(_varints(index))
+    for s in layout.streams:
+        for field, ftype in s.fields:
+            _avro_value(rows, block[f"{s.name}.{field}"], ftype)
+    return rows.join()
+
+
+def encode_avro(layout: ResultLayout, block: Block) -> list[bytes]:
+    """One schemaless Avro value (`results_avro_schema`) per result of `block`, in block order.
+
+    layout: the job's `result_layout`; block: a result block."""
+    return to_bytes_list(avro_values(layout, block))
+
+
+# ------------------------------------------------------------------ blocks
+
+
+def encode_blocks(block: Block) -> list[bytes]:
+    """Arrow IPC stream records of `block` without the internal columns, ROWS_PER_CHUNK rows at
+    most each (none for an empty block: commits travel on the commits topic)."""
+    written = {k: v for k, v in block.columns.items() if k not in DROPPED_COLUMNS}
+    return [encode_block(Block({k: v[start:start + ROWS_PER_CHUNK] for k, v in written.items()}))
+            for start in range(0, len(block), ROWS_PER_CHUNK)]
+
+
+# -------------------------------------------------------------------- keys
+
+
+def result_keys(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
+    """The Kafka key of every result: hash mode the join-key text of the first stream's key
+    fields, ring mode the 32-hex result id. Feed it to `partitions_for_keys` for the results
+    partitions and to `columns.to_bytes_list` for the producer.
+
+    layout: the job's `result_layout`; block: a result block."""
+    if layout.mode == "ring":
+        return _hex_ids(block).cast(pa.large_binary())
+    first = layout.streams[0]
+    types = dict(first.fields)
+    return key_text([(block[f"{first.name}.{k}"], types[k]) for k in first.key_fields])
+
+
+# ----------------------------------------------------------------- readers
+
+
+@dataclass(frozen=True)
+class DecodedResults:
+    """Results read back from record values, as the result block's columns (`result_columns`,
+    the engine's dtypes: uint64 ids, int32 partitions, tuple offsets, NumPy 'U'/'S' text)."""
+
+    columns: dict[str, np.ndarray]
+    rejects: list[Reject]  # values that are no result record of the job (index = position in the input)
+
+
+def decode_results(layout: ResultLayout, fmt: Literal["json", "avro", "blocks"],
+                   values: Sequence[bytes | None]) -> DecodedResults:
+    """Read result record values of one format; malformed ones come back as rejects, never raise.
+
+    layout: the job's `result_layout`; fmt: output.format they were written in; values: record values."""
+    if fmt == "blocks":
+        return _decode_blocks(layout, values)
+    rejects: list[Reject] = []
+    records, index = (_json_records if fmt == "json" else _avro_records)(layout, values, rejects)
+    return _checked(layout, records, index, rejects, base64_bytes=fmt == "json")
+
+
+def _record_schema(layout: ResultLayout, bytes_type: pa.DataType) -> pa.Schema:
+    """The nested Arrow schema of a result record. bytes_type: how bytes fields arrive (base64 text in JSON)."""
+    refs = pa.struct([(s.name, pa.struct([("topic", pa.string()), ("partition", pa.int64()), ("offset", pa.int64()),
+                                          *([("index", pa.int64())] if s.blocks else [])]))
+                      for s in layout.streams])
+    return pa.schema([("result_id", pa.string()), ("event_time", pa.int64()), ("produced_ms", pa.int64()),
+                      ("inputs", refs),
+                      *[(s.name, pa.struct([(f, bytes_type if t == "bytes" else _ARROW[t]) for f, t in s.fields]))
+                        for s in layout.streams]])
+
+
+def _read_json(schema: pa.Schema, data: bytes) -> pa.Table:
+    """Arrow's C++ JSON reader over newline-separated documents, in one block so none straddles two."""
+    return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=max(len(data) + 1, 1 << 16)),
+                            parse_options=pajson.ParseOptions(explicit_schema=schema,
+                                                              unexpected_field_behavior="ignore"))
+
+
+def _objects_one_per_line(values: Sequence[bytes | None], joined: bytes) -> bool:
+    """Whether `joined` (the values joined by newlines) holds one line per value, each opening an
+    object: then each line yields at least one row, and n rows mean one each. (A compact record
+    opens with "{"; pyarrow 26's reader crashes when the first document is a bare null.)"""
+    if joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
+        return False
+    raw = pa.array(values, pa.binary())
+    if raw.null_count:
+        return False
+    data, offsets = flat(raw)
+    starts, ends = offsets[:-1], offsets[1:]
+    return bool((ends > starts).all() and (data[starts] == ord("{")).all())
+
+
+def _json_records(layout: ResultLayout, values: Sequence[bytes | None],
+                  rejects: list[Reject]) -> tuple[pa.Table, np.ndarray]:
+    """(nested records, their positions in `values`); unparsable values go to `rejects`.
+    All at once when every value parses; else value by value, to name the bad ones."""
+    schema = _record_schema(layout, pa.string())
+    joined = b"\n".join(v or b"" for v in values)
+    if values and _objects_one_per_line(values, joined):
+        try:
+            table = _read_json(schema, joined)
+            if table.num_rows == len(values):
+                return table, np.arange(len(values))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+    return _json_one_by_one(schema, values, rejects)
+
+
+def _json_one_by_one(schema: pa.Schema, values: Sequence[bytes | None],
+                     rejects: list[Reject]) -> tuple[pa.Table, np.ndarray]:
+    tables, index = [], []
+    for i, value in enumerate(values):
+        problem = _json_shape_problem(value)
+        if problem is None:
+            try:
+                table = _read_json(schema, value)  # type: ignore[arg-type]
+                problem = None if table.num_rows == 1 else f"{table.num_rows} JSON documents in one value"
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                problem = f"not a result record: {e}"
+        if problem is None:
+            tables.append(table)
+            index.append(i)
+        else:
+            rejects.append(Reject(i, "malformed", problem))
+    return (pa.concat_tables(tables) if tables else schema.empty_table()), np.asarray(index, np.int64)
+
+
+def _json_shape_problem(value: bytes | None) -> str | None:
+    """Why one value cannot be read as a one-line JSON object, or None."""
+    if value is None or not value.strip():
+        return "empty value"
+    if b"\n" in value or b"\r" in value:
+        return "JSON spread over several lines"
+    if not value.lstrip().startswith(b"{"):
+        return "not a JSON object"
+    return None
+
+
+def _avro_records(layout: ResultLayout, values: Sequence[bytes | None],
+                  rejects: list[Reject]) -> tuple[pa.Table, np.ndarray]:
+    """(nested records, their positions in `values`): fastavro record by record (readers are no hot path)."""
+    parsed = fastavro.parse_schema(results_avro_schema(layout))
+    records, index = [], []
+    for i, value in enumerate(values):
+        stream = io.BytesIO(value or b"")
+        try:
+            record = fastavro.schemaless_reader(stream, parsed)
+        except Exception as e:  # fastavro raises many types on bad bytes
+            rejects.append(Reject(i, "malformed", f"not a result record: {type(e).__name__}: {e}"))
+            continue
+        if stream.tell() != len(value or b""):
+            rejects.append(Reject(i, "malformed", f"{len(value or b'') - stream.tell()} bytes after the record"))
+            continue
+        records.append(record)
+        index.append(i)
+    return pa.Table.from_pylist(records, schema=_record_schema(layout, pa.binary())), np.asarray(index, np.int64)
+
+
+def _problems(layout: ResultLayout, table: pa.Table) -> list[tuple[np.ndarray, str]]:
+    """(bad-row mask, reason) for every check a flattened record table must pass."""
+    out = [(table.column(name).is_null().to_numpy(zero_copy_only=False), f"missing {name}")
+           for name in table.column_names if not pa.types.is_floating(table.column(name).type)]  # null float = NaN
+    ids = table.column("result_id").fill_null("")
+    hex_ids = pc.match_substring_regex(ids, _HEX_ID).to_numpy(zero_copy_only=False)
+    out.append((~hex_ids, "result_id is not 32 hex digits"))
+    for s in layout.streams:
+        ref = f"inputs.{s.name}"
+        out.append((pc.not_equal(table.column(f"{ref}.topic"), s.topic).fill_null(False).to_numpy(zero_copy_only=False),
+                    f"{ref}.topic is not {s.topic}"))
+        out.append((_outside(table.column(f"{ref}.partition"), 0, 2**31 - 1), f"{ref}.partition out of range"))
+        top = 2**63 - 1 if not s.blocks else 2**(63 - BLOCK_SHIFT) - 1
+        out.append((_outside(table.column(f"{ref}.offset"), 0, top), f"{ref}.offset out of range"))
+        if s.blocks:
+            out.append((_outside(table.column(f"{ref}.index"), 0, _INDEX_MASK), f"{ref}.index out of range"))
+    return out
+
+
+def _outside(values: pa.ChunkedArray, low: int, high: int) -> np.ndarray:
+    v = values.fill_null(low).to_numpy()
+    return (v < low) | (v > high)
+
+
+def _checked(layout: ResultLayout, records: pa.Table, index: np.ndarray, rejects: list[Reject],
+             base64_bytes: bool) -> DecodedResults:
+    """The valid records as result columns; every other one joins `rejects` with its first problem.
+
+    records: nested records (`_record_schema`); index: their positions in the input;
+    base64_bytes: bytes fields arrive as base64 text (JSON)."""
+    table = records.flatten().flatten()
+    # Arrow's JSON reader takes strings without checking their UTF-8: weed those out before any kernel reads them.
+    table, index = _without(table, index, _utf8_problems(table), rejects)
+    problems = _problems(layout, table)
+    if base64_bytes:
+        table, base64_problems = _decode_base64_fields(layout, table)
+        problems += base64_problems
+    table, _ = _without(table, index, problems, rejects)
+    rejects.sort(key=lambda r: r.index)
+    return DecodedResults(_columns(layout, table), rejects)
+
+
+def _without(table: pa.Table, index: np.ndarray, problems: list[tuple[np.ndarray, str]],
+             rejects: list[Reject]) -> tuple[pa.Table, np.ndarray]:
+    """`table` and `index` less the rows with a problem, each rejected once with its first one.
+
+    problems: (bad-row mask, reason) pairs; index: the rows' positions in the input."""
+    bad = np.zeros(table.num_rows, bool)
+    for mask, reason in problems:
+        rejects += [Reject(int(index[row]), "malformed", reason) for row in np.flatnonzero(mask & ~bad)]
+        bad |= mask
+    return (table.filter(pa.array(~bad)), index[~bad]) if bad.any() else (table, index)
+
+
+def _utf8_problems(table: pa.Table) -> list[tuple[np.ndarray, str]]:
+    """(bad-row mask, reason) for string columns holding invalid UTF-8 (row by row only when some do)."""
+    out = []
+    for name in table.column_names:
+        column = table.column(name)
+        if not pa.types.is_string(column.type):
+            continue
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            raw = column.cast(pa.binary()).to_pylist()
+            out.append((np.array([v is not None and not _is_utf8(v) for v in raw], bool), f"{name} is not UTF-8"))
+    return out
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _decode_base64_fields(layout: ResultLayout, table: pa.Table) -> tuple[pa.Table, list[tuple[np.ndarray, str]]]:
+    problems = []
+    for s in layout.streams:
+        for field in (f for f, t in s.fields if t == "bytes"):
+            name = f"{s.name}.{field}"
+            decoded, ok = base64_decode(table.column(name).combine_chunks().fill_null(""))
+            table = table.set_column(table.column_names.index(name), name, decoded)
+            problems.append((~ok, f"{name} is not base64"))
+    return table, problems
+
+
+def _numpy(values: pa.ChunkedArray, ftype: FieldType) -> np.ndarray:
+    """An Arrow column as the engine's NumPy column of `ftype` (numbers keep their Arrow width;
+    a null float is NaN)."""
+    if ftype in ("str", "bytes"):
+        return values.to_numpy(zero_copy_only=False).astype("U" if ftype == "str" else "S")
+    return values.to_numpy()
+
+
+def _columns(layout: ResultLayout, table: pa.Table) -> dict[str, np.ndarray]:
+    """Result columns of valid flattened records."""
+    ids = table.column("result_id").combine_chunks().cast(pa.large_binary())
+    data, offsets = flat(ids)
+    hi, lo = parse_result_id_hex(data[offsets[0]:offsets[-1]].view("S32"))
+    cols = {RESULT_ID_HI: hi, RESULT_ID_LO: lo, EVENT_TIME: _numpy(table.column("event_time"), "int"),
+            PRODUCED_MS: _numpy(table.column("produced_ms"), "int")}
+    for s in layout.streams:
+        ref = f"inputs.{s.name}"
+        offset = _numpy(table.column(f"{ref}.offset"), "int")
+        if s.blocks:
+            offset = (offset << BLOCK_SHIFT) | _numpy(table.column(f"{ref}.index"), "int")
+        cols[f"{s.name}.partition"] = _numpy(table.column(f"{ref}.partition"), "int").astype(np.int32)
+        cols[f"{s.name}.offset"] = offset
+        cols[f"{s.name}.ts"] = _numpy(table.column(f"{s.name}.{s.time_field}"), "int")
+        cols |= {f"{s.name}.{f}": _numpy(table.column(f"{s.name}.{f}"), t) for f, t in s.fields}
+    return cols
+
+
+def _block_schema(layout: ResultLayout) -> pa.Schema:
+    """The Arrow types of the written result block columns."""
+    special = {RESULT_ID_HI: pa.uint64(), RESULT_ID_LO: pa.uint64()} | {
+        f"{s.name}.partition": pa.int32() for s in layout.streams}
+    return pa.schema([(name, special.get(name, _ARROW[t])) for name, t in result_columns(layout).items()])
+
+
+def _decode_blocks(layout: ResultLayout, values: Sequence[bytes | None]) -> DecodedResults:
+    schema = _block_schema(layout)
+    tables, rejects = [], []
+    for i, value in enumerate(values):
+        try:
+            table = read_ipc(value or b"").select(schema.names).cast(schema)
+        except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
+            rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of results: {e}"))
+            continue
+        nulls = [name for name in schema.names if table.column(name).null_count]
+        if nulls:
+            rejects.append(Reject(i, "malformed", f"nulls in result columns {nulls}"))
+            continue
+        tables.append(table)
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    return DecodedResults({name: _numpy(table.column(name), t) for name, t in result_columns(layout).items()}, rejects)

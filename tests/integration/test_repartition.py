@@ -1,0 +1,153 @@
+"""Inputs as producers really write them: unkeyed (round-robin partitions),
+keyed with librdkafka's default partitioner (CRC32), keyed by murmur2, and a
+topic with another partition count. With `join.repartition: auto` the job
+re-routes misrouted records through `<job>.<stream>.by-key` and stays exact
+(the reference and Spark `verify`); with `never` every misrouted record is in
+the dead-letter topic with its reason, and nothing else is lost.
+
+Records are written as a live producer writes them, event time about wall
+time: a re-routed record reaches its group a cycle or two after the records
+that were in place, which the allowed lateness covers (see README,
+"Co-partitioning")."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import NewTopic
+
+from streamjoin.launcher import wait_drained
+from streamjoin.services import kafka
+from streamjoin.settings import JobSettings
+from streamjoin.topology.partitioner import key_bytes, partition_for
+from tests.integration.conftest import make_job
+from tests.integration.kafka_harness import Row, check, dead_letters, read_all
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 60
+
+
+ROWS_PER_SECOND = 500  # with 2 ms of event time per row: event time runs at wall-clock speed
+PACE_S = 0.1
+
+
+def rows(n: int, keys: int, seed: int) -> list[Row]:
+    rnd = random.Random(seed)
+    return [Row(rnd.choice("rs"), rnd.randrange(keys), 10_000 + i * 2 + rnd.randint(-100, 0)) for i in range(n)]
+
+
+def produce_as(job: JobSettings, bootstrap: str, data: list[Row], how: dict[str, str]) -> None:
+    """Write each stream as `how[stream]` says: "murmur2" (keyed, Kafka's default
+    partitioner), "crc32" (keyed, librdkafka's default), "round-robin" (unkeyed, partitions
+    in turn)."""
+    cluster = kafka.Cluster(bootstrap)
+    counts = {s.name: partition_count(cluster, job.topic_of(s)) for s in job.streams}
+    producers = {"murmur2": cluster.producer(), "crc32": cluster.producer(partitioner="consistent_random"),
+                 "round-robin": cluster.producer()}
+    topic_of = {s.name: job.topic_of(s) for s in job.streams}
+    turn = {name: 0 for name in topic_of}
+    chunk = int(ROWS_PER_SECOND * PACE_S)
+    for i, r in enumerate(data):
+        if i and i % chunk == 0:
+            for p in producers.values():
+                p.flush(10)
+            time.sleep(PACE_S)
+        value = json.dumps({"k": r.key, "ts": r.ts, "pad": "x" * 8}).encode()
+        mode = how[r.stream]
+        if mode == "round-robin":
+            producers[mode].produce(topic_of[r.stream], value=value, partition=turn[r.stream] % counts[r.stream])
+            turn[r.stream] += 1
+        else:
+            producers[mode].produce(topic_of[r.stream], key=key_bytes(r.key), value=value)
+    for p in producers.values():
+        assert p.flush(30) == 0
+
+
+def partition_count(cluster: kafka.Cluster, topic: str) -> int:
+    return len(cluster.admin().list_topics(topic, timeout=10).topics[topic].partitions)
+
+
+def misrouted_inputs(job: JobSettings, bootstrap: str) -> set[tuple[str, int, int]]:
+    """Every input record whose partition is not the one murmur2 gives its key, computed here
+    with the scalar reference partitioner, independently of the worker."""
+    out = set()
+    for s in job.streams:
+        topic = job.topic_of(s)
+        count = partition_count(kafka.Cluster(bootstrap), topic)
+        for m in read_all(bootstrap, topic, count, "misrouted-probe"):
+            key = json.loads(m.value())["k"]
+            if count != job.partitions or m.partition() != partition_for(key_bytes(key), job.partitions):
+                out.add((topic, m.partition(), m.offset()))
+    return out
+
+
+def start(job: JobSettings, bootstrap: str, fleet_for, source_partitions: dict[str, int] | None = None):
+    if source_partitions:  # topics a producer created with other partition counts
+        admin = kafka.Cluster(bootstrap).admin()
+        created = admin.create_topics([NewTopic(job.topic_of(s), n, 1) for s in job.streams
+                                       for name, n in source_partitions.items() if s.name == name])
+        for fut in created.values():
+            fut.result(30)
+    return fleet_for(job, 2)
+
+
+@pytest.mark.parametrize("how", [{"r": "round-robin", "s": "murmur2"}, {"r": "crc32", "s": "murmur2"}],
+                         ids=["unkeyed", "crc32-and-murmur2"])
+def test_auto_repartition_is_exact(broker, fleet_for, tmp_path: Path, how: dict[str, str]) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
+                   join={"allowed_lateness_ms": 2000, "repartition": "auto"})
+    fleet = start(job, broker.bootstrap, fleet_for)
+    produce_as(job, broker.bootstrap, rows(4000, 80, seed=11), how)
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    assert misrouted_inputs(job, broker.bootstrap), "the producers should have misrouted records"
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 1000
+    assert sum(result.dead_letter.values()) == 0, result.dead_letter
+
+
+def test_other_partition_count_is_repartitioned(broker, fleet_for, tmp_path: Path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
+                   join={"allowed_lateness_ms": 2000, "repartition": "auto"})
+    fleet = start(job, broker.bootstrap, fleet_for, source_partitions={"s": 7})
+    produce_as(job, broker.bootstrap, rows(3000, 80, seed=12), {"r": "murmur2", "s": "murmur2"})
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 500
+    assert sum(result.dead_letter.values()) == 0, result.dead_letter
+
+
+def test_never_dead_letters_exactly_the_misrouted(broker, fleet_for, tmp_path: Path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
+                   join={"allowed_lateness_ms": 2000, "repartition": "never"})
+    fleet = start(job, broker.bootstrap, fleet_for)
+    produce_as(job, broker.bootstrap, rows(3000, 80, seed=13), {"r": "crc32", "s": "murmur2"})
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    expected_dead = misrouted_inputs(job, broker.bootstrap)
+    dead, reasons = dead_letters(job, broker.bootstrap)
+    assert expected_dead and dead == expected_dead
+    assert reasons == {"misrouted": len(expected_dead)}
+    result = check(job, broker.bootstrap)  # the rest joins exactly, as if the misrouted never came
+    assert result.exact, result
+    assert result.expected > 100
+
+
+@pytest.mark.spark
+def test_auto_repartition_verified_by_spark(broker, fleet_for, tmp_path: Path) -> None:
+    from streamjoin.services.spark.verify import run_verify
+
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
+                   join={"allowed_lateness_ms": 2000, "repartition": "auto"})
+    fleet = start(job, broker.bootstrap, fleet_for)
+    produce_as(job, broker.bootstrap, rows(3000, 80, seed=14), {"r": "round-robin", "s": "crc32"})
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    report = run_verify(job, kafka.Cluster(broker.bootstrap))
+    assert report["verified"], report
+    assert report["results"] == report["expected"] > 500
+    assert report["dead_letter"]["count"] == 0
