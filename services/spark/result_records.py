@@ -6,15 +6,17 @@ Result records become one row per result (`result_schema`): result_id (32 hex
 digits), the refs `<stream>.partition` / `<stream>.offset` (a `blocks` input's
 tuple offset is (record offset << BLOCK_SHIFT) | index, as the engine numbers
 tuples), event_time, produced_ms, and two verdicts:
-  record_ok  the record decoded into a result with every field it needs
-             (else its row has nulls: one row per record that does not decode);
+  record_ok  the record decoded into a result (else its row has nulls: one row
+             per record that does not decode);
   id_ok      its id is the one engine.result_ids computes from its refs, and
              the refs name the job's source topics.
 Per format:
-  json    Spark's from_json with a schema made from the job (in the JVM), then
-          one vectorised id check per Arrow batch;
-  avro    mapInArrow + fastavro over the results' Avro schema;
-  blocks  mapInArrow over Arrow IPC result blocks (ids as two uint64 columns).
+  json          Spark's from_json, in the JVM, with a schema made from the job:
+                the id, the times and the refs (field values are not read);
+  avro, blocks  the workers' own reader (schemas.result_codec.decode_results) in
+                mapInArrow, a batch of records at a time; it checks every field
+                too, and takes a ref naming another topic for a malformed record.
+Then one vectorised id check per Arrow batch, whatever the format.
 
 Commit records (schemas/results.py) are JSON on `<job>.commits`: a group's
 final watermark is the highest over its `batch` commits, the ring's release
@@ -23,7 +25,6 @@ watermark the highest over its `round` releases.
 
 from __future__ import annotations
 
-import io
 from functools import reduce
 from typing import Callable, Iterator
 
@@ -44,12 +45,6 @@ RECORD_OK, ID_OK = "record_ok", "id_ok"
 INPUTS = "inputs"  # json/avro: the refs, one {topic, partition, offset[, index]} per stream
 _ID_PATTERN = "^[0-9a-f]{32}$"
 _NO_ID = "0" * 32  # stands in for a missing or malformed id, which never passes the check anyway
-# Avro types of result fields (schemas/result_codec.py; bytes travel as bytes).
-_AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boolean", "bytes": "bytes"}
-# Exceptions fastavro raises on bytes that are not a record of the schema.
-_AVRO_ERRORS = (ValueError, EOFError, IndexError, OverflowError, MemoryError, TypeError, StopIteration)
-# Exceptions pyarrow raises on bytes that are not a result block.
-_BLOCK_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError, ValueError)
 
 BatchFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -84,7 +79,7 @@ def _record_schema(job: JobSettings) -> StructType:
 
 def decode_results(raw: DataFrame, job: JobSettings) -> DataFrame:
     """Result records (Kafka reader rows) of `job.output.format` -> one row per result (result_schema)."""
-    decoders = {"json": _json_results, "avro": _avro_results, "blocks": _block_results}
+    decoders = {"json": _json_results, "avro": _codec_results, "blocks": _codec_results}
     stated = decoders[job.output.format](raw.select("value"), job)
     return stated.mapInArrow(_id_checker(job), result_schema(job))
 
@@ -130,117 +125,44 @@ def _json_results(values: DataFrame, job: JobSettings) -> DataFrame:
                          F.col("j")[EVENT_TIME].alias(EVENT_TIME), F.col("j")[PRODUCED_MS].alias(PRODUCED_MS), *refs)
 
 
-# ---------------------------------------------------------------- avro
+# ---------------------------------------------------------------- avro and blocks
 
 
-def _results_avro_schema(job: JobSettings) -> dict:
-    """The results' Avro schema as issue 8's spec states it. A stand-in: to be replaced by
-    streamjoin.schemas.result_codec.results_avro_schema once that is on main."""
-    def ref(s: StreamSpec) -> dict:
-        fields = [{"name": "topic", "type": "string"}, {"name": "partition", "type": "int"},
-                  {"name": "offset", "type": "long"}]
-        index = [{"name": "index", "type": "int"}] if s.format == "blocks" else []
-        return {"type": "record", "name": f"{s.name}_ref", "fields": fields + index}
-
-    def values(s: StreamSpec) -> dict:
-        return {"type": "record", "name": f"{s.name}_fields",
-                "fields": [{"name": n, "type": _AVRO_TYPES[t]} for n, t in job.result_fields(s).items()]}
-
-    inputs = {"type": "record", "name": "Inputs", "fields": [{"name": s.name, "type": ref(s)} for s in job.streams]}
-    return {"type": "record", "name": "Result", "namespace": f"streamjoin.{job.job.replace('-', '_')}",
-            "fields": [{"name": RESULT_ID, "type": "string"}, {"name": EVENT_TIME, "type": "long"},
-                       {"name": PRODUCED_MS, "type": "long"}, {"name": INPUTS, "type": inputs},
-                       *[{"name": s.name, "type": values(s)} for s in job.streams]]}
-
-
-def _avro_results(values: DataFrame, job: JobSettings) -> DataFrame:
+def _codec_results(values: DataFrame, job: JobSettings) -> DataFrame:
     schema = _record_schema(job)
-    return values.mapInArrow(_avro_decoder(job, to_arrow_schema(schema)), schema)
+    return values.mapInArrow(_codec_decoder(job, to_arrow_schema(schema)), schema)
 
 
-def _avro_decoder(job: JobSettings, out: pa.Schema) -> BatchFunction:
-    """mapInArrow function: Avro result records -> _record_schema rows, one per record."""
-    writer_schema = _results_avro_schema(job)
-
+def _codec_decoder(job: JobSettings, out: pa.Schema) -> BatchFunction:
+    """mapInArrow function: Avro or Arrow-block result records -> _record_schema rows, read
+    by the workers' own reader (schemas.result_codec.decode_results), a batch of records at a time."""
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import fastavro
+        from streamjoin.schemas.result_codec import decode_results as read, result_layout
 
-        parsed = fastavro.parse_schema(writer_schema)
+        layout = result_layout(job)
         for batch in batches:
-            rows = [_avro_row(job, parsed, v) for v in batch.column("value").to_pylist()]
-            yield pa.RecordBatch.from_pylist(rows, schema=out)
+            got = read(layout, job.output.format, batch.column("value").to_pylist())
+            yield from _stated_rows(job, got.columns, out).to_batches()
+            # The reader names each record that is no result: one not-ok row stands for it.
+            yield from pa.Table.from_pylist([{RECORD_OK: False}] * len(got.rejects), schema=out).to_batches()
 
     return decode
 
 
-def _avro_row(job: JobSettings, parsed: dict, value: bytes | None) -> dict:
-    """One record's _record_schema row; record_ok false (and nulls) when it is not exactly one Avro result."""
-    import fastavro
-
-    source = io.BytesIO(value or b"")
-    try:
-        record = fastavro.schemaless_reader(source, parsed, None)
-    except _AVRO_ERRORS:
-        return {RECORD_OK: False}
-    if source.tell() != len(value or b""):  # trailing bytes: not one record of this schema
-        return {RECORD_OK: False}
-    row = {RECORD_OK: True, RESULT_ID: record[RESULT_ID], EVENT_TIME: record[EVENT_TIME],
-           PRODUCED_MS: record[PRODUCED_MS]}
-    for s in job.streams:
-        ref = record[INPUTS][s.name]
-        part, off, topic = _stated(s.name)
-        offset = _avro_tuple_offset(ref, s)
-        if offset is None:
-            return {RECORD_OK: False}
-        row |= {part: ref["partition"], off: offset, topic: ref["topic"]}
-    return row
-
-
-def _avro_tuple_offset(ref: dict, spec: StreamSpec) -> int | None:
-    """The tuple offset a decoded ref names (None: a blocks ref out of range)."""
-    if spec.format != "blocks":
-        return ref["offset"]
-    if not (0 <= ref["index"] < 1 << BLOCK_SHIFT and 0 <= ref["offset"] < 1 << (63 - BLOCK_SHIFT)):
-        return None
-    return (ref["offset"] << BLOCK_SHIFT) | ref["index"]
-
-
-# ---------------------------------------------------------------- blocks
-
-
-def _block_results(values: DataFrame, job: JobSettings) -> DataFrame:
-    schema = _record_schema(job)
-    return values.mapInArrow(_block_decoder(job, to_arrow_schema(schema)), schema)
-
-
-def _block_decoder(job: JobSettings, out: pa.Schema) -> BatchFunction:
-    """mapInArrow function: result blocks (Arrow IPC) -> _record_schema rows, a block at a time."""
-    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for value in batch.column("value").to_pylist():
-                yield from _block_rows(job, out, value).to_batches()
-
-    return decode
-
-
-def _block_rows(job: JobSettings, out: pa.Schema, value: bytes | None) -> pa.Table:
-    """A result block's rows; one not-ok row when the record is not a result block."""
+def _stated_rows(job: JobSettings, columns: dict[str, np.ndarray], out: pa.Schema) -> pa.Table:
+    """The reader's result columns as _record_schema rows. It rejects refs naming another
+    topic, so the refs it returns name the job's source topics."""
     from streamjoin.engine.result_ids import result_id_hex
 
-    try:
-        table = pa.ipc.open_stream(value or b"").read_all()
-        ids = [table.column(c).cast(pa.uint64()).to_numpy() for c in (RESULT_ID_HI, RESULT_ID_LO)]
-        columns = {c: table.column(c).cast(out.field(c).type) for c in (EVENT_TIME, PRODUCED_MS)}
-        for s in job.streams:
-            (part, off, _), (stated_part, stated_off, _) = ref_columns(s.name), _stated(s.name)
-            columns |= {stated_part: table.column(part).cast(pa.int32()), stated_off: table.column(off).cast(pa.int64())}
-    except _BLOCK_ERRORS:
-        return pa.Table.from_pylist([{RECORD_OK: False}], schema=out)
-    n = table.num_rows
-    columns |= {RECORD_OK: pa.array(np.ones(n, bool)), RESULT_ID: pa.array(result_id_hex(*ids)).cast(pa.string())}
-    # Blocks name no topics: their refs are the job's source topics by construction.
-    columns |= {_stated(s.name)[2]: pa.repeat(pa.scalar(job.topic_of(s)), n) for s in job.streams}
-    return pa.Table.from_arrays([columns[f.name] for f in out], schema=out)
+    n = len(columns[EVENT_TIME])
+    rows = {RECORD_OK: pa.array(np.ones(n, bool)), EVENT_TIME: pa.array(columns[EVENT_TIME], pa.int64()),
+            RESULT_ID: pa.array(result_id_hex(columns[RESULT_ID_HI], columns[RESULT_ID_LO])).cast(pa.string()),
+            PRODUCED_MS: pa.array(columns[PRODUCED_MS], pa.int64())}
+    for s in job.streams:
+        (part, off, _), (stated_part, stated_off, stated_topic) = ref_columns(s.name), _stated(s.name)
+        rows |= {stated_part: pa.array(columns[part], pa.int32()), stated_off: pa.array(columns[off], pa.int64()),
+                 stated_topic: pa.repeat(pa.scalar(job.topic_of(s)), n)}
+    return pa.Table.from_arrays([rows[f.name] for f in out], schema=out)
 
 
 # ---------------------------------------------------------------- the id check

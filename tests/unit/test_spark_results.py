@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import json
 
-import fastavro
+from typing import Callable
+
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from streamjoin.engine.block import Block
 from streamjoin.schemas.codecs import BLOCK_SHIFT
-from streamjoin.schemas.results import ref_columns
+from streamjoin.schemas.result_codec import encode_avro, encode_blocks, result_layout
+from streamjoin.schemas.results import RESULT_ID_HI, RESULT_ID_LO, ref_columns
 from streamjoin.services.spark.kafka_source import RECORD_SCHEMA
 from streamjoin.services.spark.result_records import (ID_OK, RECORD_OK, RESULT_ID, decode_results, final_watermarks,
                                                       release_watermark)
 from streamjoin.settings import JobSettings, load
-from tests.unit.result_writer import (Result, avro_schema, batch_commit, encode, encode_avro, encode_blocks,
-                                      encode_json, result_id, round_release)
+from tests.unit.result_writer import Result, batch_commit, encode, result_block, result_id, round_release
 
 pytestmark = pytest.mark.spark
 
@@ -108,22 +110,30 @@ def _as(output: str) -> JobSettings:
 
 
 def _json_edit(r: Result, edit) -> bytes:
-    record = json.loads(encode_json(JOB, r))
+    record = json.loads(encode(JOB, [r])[0])
     edit(record)
     return json.dumps(record).encode()
 
 
+def _with_ids_of(job: JobSettings, results: list[Result], others: list[Result]) -> Block:
+    """A result block of `results` whose ids are those of `others`."""
+    block, theirs = result_block(job, results), result_block(job, others)
+    return Block(dict(block.columns) | {c: theirs[c] for c in (RESULT_ID_HI, RESULT_ID_LO)})
+
+
 def test_malformed_json_results_are_counted(spark) -> None:
-    wrong_id = result_id(JOB, GOOD[1])
-    values = [encode_json(JOB, r) for r in GOOD] + [
+    def set_ref(stream: str, **values) -> Callable[[dict], None]:
+        return lambda j: j["inputs"][stream].update(values)
+
+    values = encode(JOB, GOOD) + [
         b"not json", None, b"[1, 2]", b'{"result_id": "00"',
-        encode_json(JOB, GOOD[0], rid=wrong_id),  # another result's id
-        encode_json(JOB, GOOD[0], rid=result_id(JOB, GOOD[0]).upper()),  # not lower-case hex
+        _json_edit(GOOD[0], lambda j: j.update(result_id=result_id(JOB, GOOD[1]))),  # another result's id
+        _json_edit(GOOD[0], lambda j: j.update(result_id=result_id(JOB, GOOD[0]).upper())),  # not lower-case hex
         _json_edit(GOOD[0], lambda j: j["inputs"].pop("b")),  # a ref missing
         _json_edit(GOOD[0], lambda j: j["inputs"]["b"].pop("index")),  # a blocks ref without its index
-        _json_edit(GOOD[0], lambda j: j["inputs"]["b"].update(index=1 << BLOCK_SHIFT)),  # index out of range
-        _json_edit(GOOD[0], lambda j: j["inputs"]["a"].update(partition="1")),  # mistyped
-        _json_edit(GOOD[0], lambda j: j["inputs"]["a"].update(topic="elsewhere")),  # not our source topic
+        _json_edit(GOOD[0], set_ref("b", index=1 << BLOCK_SHIFT)),  # index out of range
+        _json_edit(GOOD[0], set_ref("a", partition="1")),  # mistyped
+        _json_edit(GOOD[0], set_ref("a", topic="elsewhere")),  # not our source topic
     ]
     rows = decoded(spark, JOB, values)
     verdicts = [(r[RECORD_OK], r[ID_OK]) for r in rows]
@@ -134,48 +144,30 @@ def test_malformed_json_results_are_counted(spark) -> None:
 
 def test_malformed_avro_results_are_counted(spark) -> None:
     job = _as("avro")
-    good = [encode_avro(job, r) for r in GOOD]
-    values = good + [b"", b"\x00\x01garbage", good[0][:-3], good[0] + b"\x00", None,
-                     encode_avro(job, GOOD[0], rid=result_id(job, GOOD[1])), encode_avro(job, GOOD[0], rid="x" * 40)]
+    good = encode(job, GOOD)
+    layout = result_layout(job)
+    wrong_id = encode_avro(layout, _with_ids_of(job, GOOD[:1], GOOD[1:]))[0]
+    not_hex = good[0][:1] + b"x" * 32 + good[0][33:]  # a 32-byte id string follows its 1-byte length
+    values = good + [b"", b"\x00\x01garbage", good[0][:-3], good[0] + b"\x00", None, wrong_id, not_hex]
     rows = decoded(spark, job, values)
     verdicts = [(r[RECORD_OK], r[ID_OK]) for r in rows]
     assert verdicts.count((True, True)) == 2
-    assert verdicts.count((True, False)) == 2, "wrong id, not an id"
-    assert verdicts.count((False, False)) == 5, "empty, garbage, truncated, trailing bytes, null"
+    assert verdicts.count((True, False)) == 1, "another result's id"
+    assert verdicts.count((False, False)) == 6, "empty, garbage, truncated, trailing bytes, null, not hex"
 
 
 def test_malformed_result_blocks_are_counted(spark) -> None:
-    import pyarrow as pa
-
     job = _as("blocks")
-    good = encode_blocks(job, GOOD)
-    other = job.model_copy(update={"streams": [job.streams[0], job.streams[1].model_copy(update={"name": "c"})]})
-    values = good + [b"not arrow", None, good[0][:40], encode_blocks(other, GOOD)[0],  # a column missing
-                     encode_blocks(job, [])[0]]  # no rows: no result, nothing wrong
-    tampered = pa.ipc.open_stream(good[0]).read_all()
-    tampered = tampered.set_column(0, tampered.field(0), pa.array(tampered.column(0).to_numpy() + 1))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, tampered.schema) as w:
-        w.write_table(tampered)
-    rows = decoded(spark, job, values + [sink.getvalue().to_pybytes()])
+    block = result_block(job, GOOD)
+    missing_column = Block({c: v for c, v in block.columns.items() if c != "b.offset"})
+    good = encode_blocks(block)
+    values = good + [b"not arrow", None, good[0][:40], *encode_blocks(missing_column),
+                     *encode_blocks(_with_ids_of(job, GOOD, GOOD[::-1]))]  # ids swapped
+    rows = decoded(spark, job, values)
     verdicts = [(r[RECORD_OK], r[ID_OK]) for r in rows]
     assert verdicts.count((True, True)) == 2
-    assert verdicts.count((True, False)) == 2, "the tampered block's two results"
-    assert verdicts.count((False, False)) == 4
-
-
-def test_written_avro_schema_follows_the_spec() -> None:
-    """The writer's schema is the spec's; the round trip above shows verify reads exactly it."""
-    job = make_job("avro", ["json", "blocks"], [{"img": "bytes", "f": "float"}, {}], name="my-job")
-    schema = avro_schema(job)
-    fastavro.parse_schema(schema)
-    assert schema["namespace"] == "streamjoin.my_job" and schema["name"] == "Result"
-    assert [f["name"] for f in schema["fields"]] == ["result_id", "event_time", "produced_ms", "inputs", "a", "b"]
-    inputs = schema["fields"][3]["type"]
-    assert [f["name"] for f in inputs["fields"][0]["type"]["fields"]] == ["topic", "partition", "offset"]
-    assert [f["name"] for f in inputs["fields"][1]["type"]["fields"]] == ["topic", "partition", "offset", "index"]
-    assert {f["name"]: f["type"] for f in schema["fields"][4]["type"]["fields"]} == {
-        "k": "long", "ts": "long", "img": "bytes", "f": "double"}
+    assert verdicts.count((True, False)) == 2, "the block with swapped ids"
+    assert verdicts.count((False, False)) == 4, "not arrow, null, truncated, a column missing"
 
 
 # ---------------------------------------------------------------- watermarks from commits
