@@ -214,9 +214,9 @@ def decode_commits(raw_commits: DataFrame) -> DataFrame:
 
 
 def final_watermarks(raw_commits: DataFrame) -> DataFrame:
-    """partition (= group), watermark: the highest any of the group's batch commits carries."""
+    """group, watermark: the highest any of the group's batch commits carries."""
     batches = decode_commits(raw_commits).filter(F.col("kind") == "batch")
-    return batches.groupBy(F.col("group").alias("partition")).agg(F.max("watermark").alias("watermark"))
+    return batches.groupBy("group").agg(F.max("watermark").alias("watermark"))
 
 
 def release_watermark(raw_commits: DataFrame) -> int | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -94,15 +95,18 @@ def expected_join(inputs: Sequence[DataFrame], windows: Sequence[WindowSpec],
     """Every result of the m-way equi-join, as refs p0, o0, ..., p<m-1>, o<m-1> and event_time T.
 
     `inputs[i]` holds stream i's accepted tuples: partition int, offset long,
-    key (any comparable type, e.g. a struct of several key fields), ts long.
-    `final_watermark` (partition, watermark) keeps only results with
-    T < watermark of the first stream's partition, as reference_join does.
+    key (any comparable type, e.g. a struct of several key fields), ts long,
+    group int (the partition group that joins it: `key_groups`).
+    `final_watermark` (group, watermark) keeps only results with T < watermark
+    of their group, as reference_join does (its groups: the first stream's partitions).
     """
     acc: DataFrame | None = None
     for i, (tuples, window) in enumerate(zip(inputs, windows)):
-        side = _with_until(tuples.select("partition", "offset", "key", "ts"), window).select(
+        # Every member of a result has the same key, hence the same group: stream 0's is kept.
+        group = [F.col("group").alias("g0")] if i == 0 else []
+        side = _with_until(tuples.select("partition", "offset", "key", "ts", "group"), window).select(
             "key", F.col("partition").alias(_p(i)), F.col("offset").alias(_o(i)), F.col("ts").alias(f"ts{i}"),
-            F.coalesce("until", F.lit(_NO_BOUND)).alias(f"u{i}"))
+            F.coalesce("until", F.lit(_NO_BOUND)).alias(f"u{i}"), *group)
         acc = side if acc is None else acc.join(side, "key")
         if i:
             # T only grows as streams join, so a partial combination already past
@@ -112,9 +116,8 @@ def expected_join(inputs: Sequence[DataFrame], windows: Sequence[WindowSpec],
     assert acc is not None
     out = acc.withColumn(EVENT_TIME, F.greatest(*[F.col(f"ts{j}") for j in range(len(inputs))]))
     if final_watermark is not None:
-        wm = final_watermark.select(F.col("partition").alias("wm_partition"), "watermark")
-        out = (out.join(wm, F.col(_p(0)) == F.col("wm_partition"))
-               .filter(F.col(EVENT_TIME) < F.col("watermark")))
+        wm = final_watermark.select(F.col("group").alias("g0"), "watermark")
+        out = out.join(wm, "g0").filter(F.col(EVENT_TIME) < F.col("watermark"))
     return out.select(*_refs(len(inputs)), EVENT_TIME)
 
 
@@ -140,6 +143,27 @@ def decode_inputs(raw: DataFrame, spec: StreamSpec) -> DataFrame:
     return parsed.select("topic", "partition", "offset", "arrival",
                          (keys[0] if len(keys) == 1 else F.struct(*keys)).alias("key"),
                          F.col(f"v.{spec.time_field}").alias("ts"), F.coalesce(ok, F.lit(False)).alias("ok"))
+
+
+def key_groups(decoded: DataFrame, spec: StreamSpec, partitions: int) -> DataFrame:
+    """decoded (decode_inputs) + `group`: the partition group of each tuple's join key, Kafka's
+    murmur2 of the canonical key text mod `partitions`. Workers join a record there whichever
+    partition it came in on (a misrouted one travels through the by-key topic); its refs keep
+    the partition it came in on, so groups come from keys, not refs."""
+    key = F.col("key")
+    text = (key.cast("string") if len(spec.key_fields) == 1
+            else F.concat_ws(",", *[key[k].cast("string") for k in spec.key_fields]))
+    return decoded.withColumn("group", _partition_of(partitions)(text))
+
+
+def _partition_of(partitions: int) -> Callable[[Column], Column]:
+    """A Spark function: key text -> the partition Kafka's default partitioner picks among `partitions`."""
+    def partition(texts: pd.Series) -> pd.Series:
+        from streamjoin.topology.partitioner import partitions_for_keys
+
+        return pd.Series(partitions_for_keys(pa.array(texts.fillna(""), pa.string()), partitions))
+
+    return F.pandas_udf(partition, IntegerType())
 
 
 def decode_dead_letters(raw: DataFrame) -> DataFrame:
@@ -589,8 +613,8 @@ def _input_summary(names: list[str], decoded: list[DataFrame], dead_records: int
 def _groups_without_results(accepted: list[DataFrame], watermarks: DataFrame) -> int:
     """Groups with input but not one batch commit: never processed. Count windows
     expect nothing of them (nothing is final there), so the report says so."""
-    groups = reduce(DataFrame.unionByName, [a.select("partition") for a in accepted]).distinct()
-    return groups.join(watermarks, "partition", "left_anti").count()
+    groups = reduce(DataFrame.unionByName, [a.select("group") for a in accepted]).distinct()
+    return groups.join(watermarks, "group", "left_anti").count()
 
 
 def _actual_refs(results: DataFrame, names: list[str]) -> DataFrame:
@@ -618,11 +642,12 @@ def _outcome(job: JobSettings, expected: DataFrame, raw_results: DataFrame,
 
 
 def hash_inputs(raw: DataFrame, job: JobSettings) -> tuple[list[DataFrame], DataFrame]:
-    """Hash mode: per stream, its input records decoded (decode_inputs) with `reason`, that of
+    """Hash mode: per stream, its input records decoded (decode_inputs) with their `group`
+    (key_groups) and `reason`, that of
     the dead letter standing for the record (null: none); and the dead letters. Whatever the
     reason (malformed, late, oversize, misrouted, ...), a dead-lettered record was not joined."""
     dead = decode_dead_letters(raw.filter(F.col("topic") == job.dead_letter_topic)).localCheckpoint()
-    decoded = [decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s)
+    decoded = [key_groups(decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s), s, job.partitions)
                .join(dead, ["topic", "partition", "offset"], "left") for s in job.streams]
     return decoded, dead
 

@@ -18,6 +18,7 @@ from streamjoin.services.spark.sources import block_values, generated_batch, gen
 from streamjoin.services.spark.verify import (accepted_inputs, decode_ring_dead_letters, decode_tuples, hash_inputs,
                                               mark_dead)
 from streamjoin.services.workloads import generate
+from streamjoin.topology.partitioner import partition_for
 from streamjoin.settings import JobSettings, load
 from tests.unit.ring_harness import decode
 
@@ -126,7 +127,23 @@ def test_hash_dead_letters_exclude_their_inputs_whatever_the_reason(spark) -> No
     letters = [letter("dl.r", 1, "misrouted"), letter("dl.r", 2, "late"), letter("dl.s", 0, "oversize")]
     decoded, dead = hash_inputs(_raw(spark, inputs + letters), job)
     reasons = {(r.topic, r.offset): (r.ok, r.reason) for d in decoded for r in d.collect()}
+    assert {r.group for d in decoded for r in d.collect() if r.ok} == {partition_for(b"1", job.partitions)}
     assert reasons == {("dl.r", 0): (True, None), ("dl.r", 1): (True, "misrouted"), ("dl.r", 2): (True, "late"),
                        ("dl.r", 3): (True, None), ("dl.r", 4): (False, None), ("dl.s", 0): (True, "oversize")}
     assert [sorted(r.offset for r in accepted_inputs(d).collect()) for d in decoded] == [[0, 3], []]
     assert dead.count() == 3
+
+
+def test_key_groups_are_where_kafka_puts_the_key_text(spark) -> None:
+    """A tuple's group is the partition Kafka's default partitioner gives its canonical key
+    text, wherever the record came in: a misrouted record is joined there too."""
+    fields = {"k": "int", "c": "str", "b": "bool", "ts": "int"}
+    streams = [{"name": n, "fields": fields, "time_field": "ts", "key_fields": ["k", "c", "b"],
+                "window": {"range_ms": 10}} for n in "rs"]
+    job = load(None, job="kg", partitions=7, streams=streams)
+    keys = [(k, c, b) for k in (-3, 0, 12345678901) for c in ("", "x,y", "é") for b in (True, False)]
+    values = [json.dumps({"k": k, "c": c, "b": b, "ts": 1}).encode() for k, c, b in keys]
+    decoded, _ = hash_inputs(_raw(spark, [("kg.r", 0, o, 0, None, v, {}) for o, v in enumerate(values)]), job)
+    got = {r.offset: r.group for r in decoded[0].collect()}
+    want = {o: partition_for(f"{k},{c},{str(b).lower()}".encode(), 7) for o, (k, c, b) in enumerate(keys)}
+    assert got == want and len(set(want.values())) > 1

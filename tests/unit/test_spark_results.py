@@ -177,7 +177,7 @@ def test_group_watermarks_are_the_highest_batch_commit(spark) -> None:
     values = [batch_commit(0, 50), batch_commit(0, 70, seq=1), batch_commit(0, 60, seq=2), batch_commit(3, 5),
               round_release(999), b"not a commit", None]
     rows = final_watermarks(raw_rows(spark, JOB.commits_topic, values)).collect()
-    assert {r.partition: r.watermark for r in rows} == {0: 70, 3: 5}
+    assert {r.group: r.watermark for r in rows} == {0: 70, 3: 5}
 
 
 def test_release_watermark_is_the_highest_round(spark) -> None:

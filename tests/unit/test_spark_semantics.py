@@ -30,14 +30,15 @@ def _streams(rng: random.Random, m: int, n: int, keys: int, span: int, pair_keys
 
 
 def _frame(spark, tuples: list[RefTuple], pair_keys: bool):
+    """The tuples as expected_join takes them; as in reference_join, a tuple's group is its partition."""
     key_type = "struct<a:long,b:long>" if pair_keys else "long"
-    rows = [(t.ref[1], t.ref[2], t.key, t.ts) for t in tuples]
-    return spark.createDataFrame(rows, f"partition int, offset long, key {key_type}, ts long")
+    rows = [(t.ref[1], t.ref[2], t.key, t.ts, t.ref[1]) for t in tuples]
+    return spark.createDataFrame(rows, f"partition int, offset long, key {key_type}, ts long, group int")
 
 
 def _spark_join(spark, streams, windows, watermark, pair_keys):
     frames = [_frame(spark, s, pair_keys) for s in streams]
-    wm = None if watermark is None else spark.createDataFrame(list(watermark.items()), "partition int, watermark long")
+    wm = None if watermark is None else spark.createDataFrame(list(watermark.items()), "group int, watermark long")
     rows = expected_join(frames, windows, wm).collect()
     return {tuple((f"s{i}", r[f"p{i}"], r[f"o{i}"]) for i in range(len(streams))) for r in rows}
 
