@@ -345,8 +345,8 @@ _LOCAL_CONF = {
 
 def local_session(app: str = "streamjoin", log_path: Path | None = None) -> SparkSession:
     """The small local Spark every job runs on, source registered: the one already running,
-    else a new one named `app` whose own output goes to `log_path` (default:
-    session.default_log_path(); see services/spark/session.py)."""
+    else a new one named `app`. The first Spark of this process sends its own output to
+    `log_path` (default: session.default_log_path(); see services/spark/session.py)."""
     _workers_see_driver_path()
     if SparkContext._active_spark_context is None:
         conf = SparkConf().setAll(list(_LOCAL_CONF.items())).setAppName(app)

@@ -9,7 +9,8 @@ Python workers, whose stderr (tracebacks, warnings) the JVM copies to its own.
 So the JVM is started with its stdout and stderr on the file
 (pyspark.java_gateway.launch_gateway's popen_kwargs), which catches all three;
 log4j keeps its level (`SPARK_LOG_LEVEL`). On the driver, py4j's logger and
-Python warnings go to the same file.
+Python warnings go to the same file. PySpark runs one JVM per process, so the
+first Spark a process starts decides the file.
 """
 
 from __future__ import annotations
@@ -34,25 +35,27 @@ def default_log_path() -> Path:
 
 
 def spark_log_path() -> Path | None:
-    """The file the running Spark logs to (None: no Spark started by `start_context`)."""
+    """The file this process's Spark JVM logs to (None: none started by `start_context`)."""
     return _log_path
 
 
 def start_context(conf: SparkConf, log_path: Path) -> SparkContext:
-    """Starts Spark's JVM with `conf`, everything it prints appended to `log_path`, and
-    the driver's py4j and warnings output sent there too; returns the SparkContext.
+    """Starts a SparkContext with `conf`. The first in this process starts Spark's JVM with
+    everything it prints appended to `log_path`, and sends the driver's py4j and warnings
+    output there too; later ones (after a stop) run in that JVM, logging where it does.
 
     conf: the Spark settings (master, app name, ...), applied before the JVM starts.
     log_path: the log file (created with its folder if missing)."""
     global _log_path
-    log_path = log_path.resolve()  # named in reports: valid from any working directory
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as sink:  # the JVM gets its own copy of the descriptor
-        gateway = launch_gateway(conf, popen_kwargs={"stdout": sink, "stderr": subprocess.STDOUT})
+    gateway = None  # None: the JVM this process already runs (PySpark keeps one per process)
+    if SparkContext._gateway is None:
+        _log_path = log_path.resolve()  # named in reports: valid from any working directory
+        _log_path.parent.mkdir(parents=True, exist_ok=True)
+        with _log_path.open("ab") as sink:  # the JVM gets its own copy of the descriptor
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": sink, "stderr": subprocess.STDOUT})
+        _driver_output_to(_log_path)
     context = SparkContext(conf=conf, gateway=gateway)
     context.setLogLevel(SPARK_LOG_LEVEL)
-    _driver_output_to(log_path)
-    _log_path = log_path
     return context
 
 
