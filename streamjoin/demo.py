@@ -67,7 +67,7 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
         console.print("running Spark verify")
         result = run_verify(job, cluster, report_path=report_path, plot_path=report_path.with_suffix(".png"))
         result["sources"] = produced
-        result["logs"] = {"spark": str(spark_log) if spark_log else None, "services": str(log_dir)}
+        result["logs"] = {"spark": str(spark_log) if spark_log else None, "services": str(log_dir.resolve())}
         report_path.write_text(json.dumps(result, indent=2))
         return result
 
