@@ -15,8 +15,9 @@ that run confluent-kafka inside the executors.
     partition index of every input topic, as the workers expect.
 
 `local_session` builds the small local Spark the jobs run on (its own output
-in a log file: services/spark/session.py) and registers the source; `jvm_kafka_available` says whether the JVM connector is on the
-classpath anyway, so callers may prefer it without ever requiring it.
+in a log file: services/spark/session.py) and registers the source;
+`jvm_kafka_available` says whether the JVM connector is on the classpath
+anyway, so callers may prefer it without ever requiring it.
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ def encode(job: JobSettings, results: list[Result]) -> list[bytes]:
 
 def batch_commit(group: int, watermark: int, seq: int = 0) -> bytes:
     """A hash-mode batch commit record's value."""
-    return BatchCommit(group=group, seq=seq, end={}, watermark=watermark, results=0, worker="test").model_dump_json().encode()
+    commit = BatchCommit(group=group, seq=seq, end={}, watermark=watermark, results=0, worker="test")
+    return commit.model_dump_json().encode()
 
 
 def round_release(watermark: int, round_: int = 0) -> bytes:
