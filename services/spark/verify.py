@@ -643,9 +643,9 @@ def _outcome(job: JobSettings, expected: DataFrame, raw_results: DataFrame,
 
 def hash_inputs(raw: DataFrame, job: JobSettings) -> tuple[list[DataFrame], DataFrame]:
     """Hash mode: per stream, its input records decoded (decode_inputs) with their `group`
-    (key_groups) and `reason`, that of
-    the dead letter standing for the record (null: none); and the dead letters. Whatever the
-    reason (malformed, late, oversize, misrouted, ...), a dead-lettered record was not joined."""
+    (key_groups) and `reason`, that of the dead letter standing for the record (null: none);
+    and the dead letters. Whatever the reason (malformed, late, oversize, misrouted, ...), a
+    dead-lettered record was not joined."""
     dead = decode_dead_letters(raw.filter(F.col("topic") == job.dead_letter_topic)).localCheckpoint()
     decoded = [key_groups(decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s), s, job.partitions)
                .join(dead, ["topic", "partition", "offset"], "left") for s in job.streams]
