@@ -196,6 +196,13 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
     Console().print(table)
 
 
+def _name_spark_log() -> None:
+    """Spark's own output is in a file, not on the terminal: say which."""
+    from streamjoin.services.spark.session import spark_log_path
+
+    console.print(f"Spark logs: {spark_log_path()}")
+
+
 @app.command()
 def sources(job: JobOpt = None, bootstrap: BootstrapOpt = None,
             seconds: Annotated[Optional[float], typer.Option(min=0.1)] = None,
@@ -205,6 +212,7 @@ def sources(job: JobOpt = None, bootstrap: BootstrapOpt = None,
 
     s = _settings(job, bootstrap=bootstrap)
     print(json.dumps(run_sources(s, _cluster(s), seconds=seconds, rate=rate), indent=2))
+    _name_spark_log()
 
 
 @app.command()
@@ -217,6 +225,7 @@ def verify(job: JobOpt = None, bootstrap: BootstrapOpt = None,
     s = _settings(job, bootstrap=bootstrap)
     result = run_verify(s, _cluster(s), report_path=report, plot_path=plot)
     print(json.dumps(result, indent=2))
+    _name_spark_log()
     raise typer.Exit(0 if result["verified"] else 1)
 
 
@@ -234,7 +243,7 @@ def demo(
     s = _settings(job, bootstrap=bootstrap)
     logs.configure("demo", level="WARNING")
     result = run_demo(s, seconds=seconds, workers=workers, report_path=report, rate=rate)
-    keys = ("verified", "inputs", "results", "missing", "extra", "duplicates", "dead_letter", "delay_ms")
+    keys = ("verified", "inputs", "results", "missing", "extra", "duplicates", "dead_letter", "delay_ms", "logs")
     print(json.dumps({k: result.get(k) for k in keys} | {"report": str(report)}, indent=2))
     raise typer.Exit(0 if result["verified"] else 1)
 

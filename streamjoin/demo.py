@@ -3,6 +3,9 @@
 Broker (embedded unless --bootstrap) -> topics -> coordinator + K workers as
 processes -> Spark `sources` for N seconds -> wait until the workers have
 committed every input -> Spark `verify` -> report (JSON + delay plot).
+The terminal shows progress and the report; Spark's own output goes to
+`<report folder>/logs/spark.log`, the services' to `<report folder>/logs/<name>.log`,
+and the report names both under "logs".
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from streamjoin.launcher import Fleet, wait_drained, write_job
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # soft wrap: paths stay whole on one line
 
 
 def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, rate: float | None = None) -> dict:
@@ -29,6 +32,8 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
     from streamjoin.services.spark.verify import run_verify
 
     report_path.parent.mkdir(parents=True, exist_ok=True)
+    log_dir = report_path.parent / "logs"
+    spark_log = _start_spark(log_dir / "spark.log")
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamjoin-demo-")))
         bootstrap = job.bootstrap
@@ -44,7 +49,7 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
         })
         cluster = kafka.Cluster.of(job)
         topics.ensure(cluster.admin(), job)
-        fleet = Fleet(job, write_job(job, workdir / "job.yaml"), bootstrap, report_path.parent / "logs")
+        fleet = Fleet(job, write_job(job, workdir / "job.yaml"), bootstrap, log_dir)
         stack.callback(fleet.stop_all)
         ids = [f"worker-{i}" for i in range(workers)]
         with console.status(f"starting coordinator and {workers} worker(s)"):
@@ -62,5 +67,19 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
         console.print("running Spark verify")
         result = run_verify(job, cluster, report_path=report_path, plot_path=report_path.with_suffix(".png"))
         result["sources"] = produced
+        result["logs"] = {"spark": str(spark_log) if spark_log else None, "services": str(log_dir)}
         report_path.write_text(json.dumps(result, indent=2))
         return result
+
+
+def _start_spark(log_path: Path) -> Path | None:
+    """Starts Spark before anything else prints, its output in `log_path`; returns the file
+    it really logs to (another, when a Spark was already running in this process)."""
+    from streamjoin.services.spark.kafka_source import local_session
+    from streamjoin.services.spark.session import spark_log_path
+
+    with console.status("starting Spark"):
+        local_session("streamjoin-demo", log_path)
+    where = spark_log_path()
+    console.print(f"Spark logs: {where}")
+    return where

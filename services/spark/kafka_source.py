@@ -14,8 +14,8 @@ that run confluent-kafka inside the executors.
     Kafka's default (murmur2) partitioner, so a key lands in the same
     partition index of every input topic, as the workers expect.
 
-`local_session` builds the small local Spark the jobs run on and registers
-the source; `jvm_kafka_available` says whether the JVM connector is on the
+`local_session` builds the small local Spark the jobs run on (its own output
+in a log file: services/spark/session.py) and registers the source; `jvm_kafka_available` says whether the JVM connector is on the
 classpath anyway, so callers may prefer it without ever requiring it.
 """
 
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
@@ -44,6 +45,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType
 
 from streamjoin.services.kafka import Cluster
+from streamjoin.services.spark.session import default_log_path, start_context
 
 NAME = "streamjoin-kafka"
 RECORD_SCHEMA = StructType([
@@ -328,21 +330,28 @@ def _workers_see_driver_path() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*driver, *paths]))
 
 
-def local_session(app: str = "streamjoin") -> SparkSession:
-    """The small local Spark every job runs on (or the one already running), source registered."""
+# The small local Spark every job runs on.
+_LOCAL_CONF = {
+    "spark.master": "local[2]",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.pyspark.python": sys.executable,
+    "spark.pyspark.driver.python": sys.executable,
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+def local_session(app: str = "streamjoin", log_path: Path | None = None) -> SparkSession:
+    """The small local Spark every job runs on, source registered: the one already running,
+    else a new one named `app` whose own output goes to `log_path` (default:
+    session.default_log_path(); see services/spark/session.py)."""
     _workers_see_driver_path()
-    spark = (
-        SparkSession.builder.master("local[2]").appName(app)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.pyspark.driver.python", sys.executable)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
+    if SparkContext._active_spark_context is None:
+        conf = SparkConf().setAll(list(_LOCAL_CONF.items())).setAppName(app)
+        start_context(conf, log_path or default_log_path())
+    spark = SparkSession.builder.getOrCreate()
     spark.conf.set("spark.sql.shuffle.partitions", "4")
     register(spark)
     return spark

@@ -1,4 +1,4 @@
-"""Spark `verify` job: reads a job's inputs, results and dead letters, computes
+"""Spark `verify` job: reads a job's inputs, results, commits and dead letters, computes
 the exact join with Spark SQL under engine/reference.py's contract and says
 what is missing, extra or duplicated, plus production-delay percentiles.
 Hash mode (equi-join on keys) is `expected_join`, ring mode (predicate
@@ -6,7 +6,8 @@ terms, reference_theta_join) `expected_theta_join`: see "ring mode" below.
 
 A tuple's identity is (partition, offset) of its input record; a result's is
 the ordered tuple of its inputs' identities, one per stream. Internally every
-ref column is `p<i>` / `o<i>` for stream i in join order.
+ref column is `p<i>` / `o<i>` for stream i in join order. Result and commit
+records are read by services/spark/result_records.py.
 
 Windows, as an exclusive bound on the result time T each tuple allows
 (`until`), so one rule covers both kinds and any number of streams:
@@ -35,11 +36,12 @@ from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, In
 
 from streamjoin.engine.predicates import UDF_ERROR, Term, compile_terms, evaluate_isolated, terms_between
 from streamjoin.schemas.codecs import BLOCK_SHIFT, arrow_schema
-from streamjoin.schemas.results import (EVENT_TIME, H_GROUP, H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, H_WM, PRODUCED_MS,
-                             RESULT_ID, ref_columns)
+from streamjoin.schemas.results import EVENT_TIME, H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, PRODUCED_MS, ref_columns
 from streamjoin.services.kafka import Cluster
 from streamjoin.services.spark.kafka_source import NAME as KAFKA, local_session
 from streamjoin.services.spark.kafka_source import options as kafka_options
+from streamjoin.services.spark.result_records import (ID_OK, RECORD_OK, decode_results, final_watermarks,
+                                                      release_watermark)
 from streamjoin.settings import JobSettings, StreamSpec, WindowSpec
 
 # Field types as JSON records carry them (bytes as text), for from_json.
@@ -146,58 +148,6 @@ def decode_dead_letters(raw: DataFrame) -> DataFrame:
     return (raw.select(h[H_TOPIC].alias("topic"), h[H_PARTITION].cast("int").alias("partition"),
                        h[H_OFFSET].cast("long").alias("offset"), h[H_REASON].alias("reason"))
             .groupBy("topic", "partition", "offset").agg(F.min("reason").alias("reason")))
-
-
-def result_schema(job: JobSettings) -> StructType:
-    fields = [StructField(RESULT_ID, LongType()), StructField("id_ok", BooleanType()),
-              StructField(EVENT_TIME, LongType()), StructField(PRODUCED_MS, LongType())]
-    for s in job.streams:
-        part, off, _ = ref_columns(s.name)
-        fields += [StructField(part, IntegerType()), StructField(off, LongType())]
-    return StructType(fields)
-
-
-def _block_decoder(job: JobSettings):
-    """mapInArrow function: result records (Arrow IPC blocks) -> one row per result,
-    with the id recomputed from the refs (`id_ok`). Works a block at a time."""
-    names = [s.name for s in job.streams]
-    topics = job.input_topics
-    schema = result_schema(job)
-    arrow_schema = to_arrow_schema(schema)
-
-    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from streamjoin.engine.result_ids import result_ids
-
-        for batch in batches:
-            for value in batch.column("value").to_pylist():
-                table = pa.ipc.open_stream(value).read_all() if value else None
-                if table is None or table.num_rows == 0:  # a batch's commit marker
-                    continue
-                parts = [table.column(ref_columns(n)[0]).to_numpy() for n in names]
-                offs = [table.column(ref_columns(n)[1]).to_numpy() for n in names]
-                ids = table.column(RESULT_ID).to_numpy().astype(np.uint64)
-                cols = [ids.view(np.int64), result_ids(topics, parts, offs) == ids,
-                        table.column(EVENT_TIME).to_numpy(), table.column(PRODUCED_MS).to_numpy()]
-                for part, off in zip(parts, offs):
-                    cols += [part, off]
-                yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, arrow_schema)],
-                                                 schema=arrow_schema)
-
-    return decode, schema
-
-
-def decode_results(raw: DataFrame, job: JobSettings) -> DataFrame:
-    """One row per produced result: result_id (int64 bits of the uint64), id_ok, event_time,
-    produced_ms, `<stream>.partition`, `<stream>.offset`."""
-    decode, schema = _block_decoder(job)
-    return raw.select("value").mapInArrow(decode, schema)
-
-
-def final_watermarks(raw_results: DataFrame) -> DataFrame:
-    """partition (= group), watermark: the highest sj-wm any of the group's result records carries."""
-    h = F.col("headers")
-    return (raw_results.select(h[H_GROUP].cast("int").alias("partition"), h[H_WM].cast("long").alias("wm"))
-            .groupBy("partition").agg(F.max("wm").alias("watermark")))
 
 
 # ---------------------------------------------------------------- ring mode: the exact theta join
@@ -553,13 +503,6 @@ def mark_dead(decoded: DataFrame, dead: DataFrame) -> DataFrame:
     return decoded.join(hits, ["topic", "partition", "offset"], "left")
 
 
-def release_watermark(raw_results: DataFrame) -> int | None:
-    """The ring head's final release watermark: the highest sj-wm of any result record
-    (every tuple with ts below it was released; None: no result record yet)."""
-    row = raw_results.agg(F.max(F.col("headers")[H_WM].cast("long")).alias("wm")).first()
-    return None if row["wm"] is None else int(row["wm"])
-
-
 # ---------------------------------------------------------------- comparing
 
 
@@ -644,7 +587,7 @@ def _input_summary(names: list[str], decoded: list[DataFrame], dead_records: int
 
 
 def _groups_without_results(accepted: list[DataFrame], watermarks: DataFrame) -> int:
-    """Groups with input but not one result record: never processed. Count windows
+    """Groups with input but not one batch commit: never processed. Count windows
     expect nothing of them (nothing is final there), so the report says so."""
     groups = reduce(DataFrame.unionByName, [a.select("partition") for a in accepted]).distinct()
     return groups.join(watermarks, "partition", "left_anti").count()
@@ -659,26 +602,43 @@ def _actual_refs(results: DataFrame, names: list[str]) -> DataFrame:
 
 def _outcome(job: JobSettings, expected: DataFrame, raw_results: DataFrame,
              decoded: list[DataFrame]) -> tuple[dict, DataFrame]:
-    """Produced results against the expected ones: the report's result fields, and the delays."""
+    """Produced results against the expected ones: the report's result fields, and the delays.
+    `bad_records` counts result records that do not decode (they are no result: not compared);
+    `bad_ids` decoded results whose id is not the one their refs give."""
     names = [s.name for s in job.streams]
     results = decode_results(raw_results, job).localCheckpoint()
-    actual = _actual_refs(results, names)
+    actual = _actual_refs(results.filter(F.col(RECORD_OK)), names)
     diff = compare(expected, actual, len(names))
-    totals = results.agg(F.count(F.lit(1)).alias("n"), F.count_if(~F.col("id_ok")).alias("bad")).first()
+    totals = results.agg(F.count_if(F.col(RECORD_OK)).alias("n"), F.count_if(~F.col(RECORD_OK)).alias("bad_records"),
+                         F.count_if(F.col(RECORD_OK) & ~F.col(ID_OK)).alias("bad_ids")).first()
     delays = production_delays(actual, decoded).localCheckpoint()
     return {"results": int(totals["n"]), "result_records": raw_results.count(), **diff,
-            "bad_ids": int(totals["bad"]), "delay_ms": _percentiles(delays)}, delays
+            "bad_records": int(totals["bad_records"]), "bad_ids": int(totals["bad_ids"]),
+            "delay_ms": _percentiles(delays)}, delays
+
+
+def hash_inputs(raw: DataFrame, job: JobSettings) -> tuple[list[DataFrame], DataFrame]:
+    """Hash mode: per stream, its input records decoded (decode_inputs) with `reason`, that of
+    the dead letter standing for the record (null: none); and the dead letters. Whatever the
+    reason (malformed, late, oversize, misrouted, ...), a dead-lettered record was not joined."""
+    dead = decode_dead_letters(raw.filter(F.col("topic") == job.dead_letter_topic)).localCheckpoint()
+    decoded = [decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s)
+               .join(dead, ["topic", "partition", "offset"], "left") for s in job.streams]
+    return decoded, dead
+
+
+def accepted_inputs(decoded: DataFrame) -> DataFrame:
+    """The tuples the join takes: decoded whole and not dead-lettered."""
+    return decoded.filter(F.col("ok") & F.col("reason").isNull())
 
 
 def _verify_hash(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
     names = [s.name for s in job.streams]
-    dead = decode_dead_letters(raw.filter(F.col("topic") == job.dead_letter_topic)).localCheckpoint()
+    decoded, dead = hash_inputs(raw, job)
     raw_results = raw.filter(F.col("topic") == job.results_topic)
-    decoded = [decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s)
-               .join(dead, ["topic", "partition", "offset"], "left") for s in job.streams]
-    accepted = [d.filter(F.col("ok") & F.col("reason").isNull()) for d in decoded]
+    accepted = [accepted_inputs(d) for d in decoded]
 
-    watermarks = final_watermarks(raw_results).localCheckpoint()
+    watermarks = final_watermarks(raw.filter(F.col("topic") == job.commits_topic)).localCheckpoint()
     expected = expected_join(accepted, [s.window for s in job.streams],
                              watermarks if job.emits_on_watermark else None).localCheckpoint()
     outcome, delays = _outcome(job, expected, raw_results, decoded)
@@ -698,9 +658,9 @@ def _verify_ring(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
     raw_results = raw.filter(F.col("topic") == job.results_topic)
     decoded = [mark_dead(decode_tuples(raw.filter(F.col("topic") == job.topic_of(s)), s), dead).localCheckpoint()
                for s in job.streams]
-    release = release_watermark(raw_results)
+    release = release_watermark(raw.filter(F.col("topic") == job.commits_topic))
     released = F.col("ts") < F.lit(release) if release is not None else F.lit(False)
-    valid = [d.filter(F.col("ok") & F.col("reason").isNull()) for d in decoded]
+    valid = [accepted_inputs(d) for d in decoded]
     terms = compile_terms(names, list(job.join.predicate), job.join.udfs)
     expected = expected_theta_join([v.filter(released) for v in valid], [s.window for s in job.streams],
                                    terms).localCheckpoint()
@@ -721,15 +681,19 @@ def _check_formats(job: JobSettings) -> None:
                          f"streams {unsupported} use another format")
 
 
+# Report fields any of which, when not 0, means the output is not the exact join.
+_MUST_BE_ZERO = ("missing", "extra", "duplicates", "bad_records", "bad_ids", "lost")
+
+
 def run_verify(job: JobSettings, cluster: Cluster, report_path: Path | None = None,
                plot_path: Path | None = None) -> dict:
     """Verify the job's results topic against the exact join of its inputs; returns the report."""
     _check_formats(job)
     spark = local_session("streamjoin-verify")
-    raw = _read(spark, cluster, [*job.input_topics, job.results_topic, job.dead_letter_topic])
+    raw = _read(spark, cluster, [*job.input_topics, job.results_topic, job.commits_topic, job.dead_letter_topic])
     checked, delays = (_verify_ring if job.join.mode == "ring" else _verify_hash)(job, raw)
     report = {"job": job.job, "streams": _stream_info(job), **checked}
-    report["verified"] = all(report[k] == 0 for k in ("missing", "extra", "duplicates", "bad_ids", "lost"))
+    report["verified"] = all(report[k] == 0 for k in _MUST_BE_ZERO)
     if report_path is not None:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

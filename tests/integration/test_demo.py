@@ -1,19 +1,23 @@
 """README command 1 in small: the demo end to end, real Spark `sources`
 feeding real workers on the embedded broker, real Spark `verify` judging;
 then its results topic read the way any consumer would, with a plain
-confluent-kafka consumer and `json.loads` alone."""
+confluent-kafka consumer and `json.loads` alone. Run as a command, so that
+whatever Spark's JVM prints would reach its terminal: none of it may."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from typer.testing import CliRunner
 
-from streamjoin.cli import app, default_job_file
+from streamjoin.cli import default_job_file
 from streamjoin.settings import load
+from tests.integration.spark_output import named_log, noise, spark_lines
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -37,15 +41,24 @@ def read_plainly(bootstrap: str, topic: str) -> list:
         consumer.close()
 
 
-def test_demo_is_verified_exact_and_its_results_are_plain_json(broker, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.delenv("STREAMJOIN_BOOTSTRAP", raising=False)
-    report = tmp_path / "report.json"
+def run_demo(bootstrap: str, report: Path) -> subprocess.CompletedProcess:
+    """`streamjoin demo` as a command, its stdout and stderr captured."""
+    env = {k: v for k, v in os.environ.items() if k != "STREAMJOIN_BOOTSTRAP"}
     # The demo job's domain at a tenth of the rate: fewer matches, so widen the window to keep output.
-    monkeypatch.setenv("STREAMJOIN_WORKLOAD__DOMAIN", "65536")
-    result = CliRunner().invoke(app, ["demo", "--seconds", "12", "--workers", "2", "--rate", "300",
-                                      "--report", str(report), "--bootstrap", broker.bootstrap])
-    assert result.exit_code == 0, result.output
+    env["STREAMJOIN_WORKLOAD__DOMAIN"] = "65536"
+    command = [sys.executable, "-c", "from streamjoin.cli import app; app()", "demo", "--seconds", "12",
+               "--workers", "2", "--rate", "300", "--report", str(report), "--bootstrap", bootstrap]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+
+
+def test_demo_is_verified_exact_quiet_and_its_results_are_plain_json(broker, tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    run = run_demo(broker.bootstrap, report)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert noise(run.stdout + run.stderr) == [], "Spark's and Python's chatter belongs in the Spark log"
     data = json.loads(report.read_text())
+    assert data["logs"]["spark"] == named_log(run.stderr) == json.loads(run.stdout)["logs"]["spark"]
+    assert spark_lines(Path(data["logs"]["spark"]).read_text()), "Spark's lines are in the log file instead"
     assert data["verified"] is True
     assert data["missing"] == data["extra"] == data["duplicates"] == 0
     assert data["inputs"]["total"] > 5000

@@ -1,9 +1,10 @@
 """The Spark jobs in ring mode on the embedded broker: `run_sources` writes the 3-way
 band workload (JSON records without keys) and the image workload (Arrow blocks),
 every record decodes through the worker's codecs without a reject; the test then
-writes a results topic computed with reference_theta_join, as a ring head would
-(headers: sj-wm only), and `run_verify` must accept it, respect dead letters and
-the release watermark, and catch a loss and a duplicate."""
+writes a results topic computed with reference_theta_join (JSON results for band3,
+Arrow blocks for images) and the round releases a ring head commits, and
+`run_verify` must accept it, respect dead letters and the release watermark, and
+catch a loss and a duplicate."""
 
 from __future__ import annotations
 
@@ -17,17 +18,18 @@ import pytest
 from streamjoin.engine.block import OFF, PART, Block
 from streamjoin.engine.predicates import compile_terms
 from streamjoin.engine.reference import RefWindow, ThetaTuple, TupleRef, reference_theta_join
-from streamjoin.engine.result_ids import result_ids
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block
-from streamjoin.schemas.results import EVENT_TIME, H_WM, PRODUCED_MS, RESULT_ID, dead_letter_headers, ref_columns
+from streamjoin.schemas.results import dead_letter_headers
 from streamjoin.services import broker as embedded
 from streamjoin.services import kafka
 from streamjoin.services.spark.kafka_source import NAME as KAFKA
 from streamjoin.services.spark.sources import run_sources
 from streamjoin.services.spark.verify import run_verify
 from streamjoin.settings import JobSettings, load
-from tests.unit.ring_harness import decode, pair_predicate
 from streamjoin.topology import topics
+from tests.unit.result_writer import Result as ResultRecord
+from tests.unit.result_writer import encode, round_release
+from tests.unit.ring_harness import decode, pair_predicate
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -82,7 +84,7 @@ def band3(spark, bootstrap: str) -> Written:
 @pytest.fixture(scope="module")
 def images(spark, bootstrap: str) -> Written:
     return write_workload(spark, bootstrap, "streamjoin/jobs/images.yaml", "imagesit", seconds=2,
-                          workload={"pixels": 500, "rate": 200})
+                          workload={"pixels": 500, "rate": 200}, output={"format": "blocks"})
 
 
 def expected(w: Written, release: int, dead: set[TupleRef]) -> list[Result]:
@@ -96,20 +98,15 @@ def expected(w: Written, release: int, dead: set[TupleRef]) -> list[Result]:
 
 def write_results(job: JobSettings, bootstrap: str, results: list[Result], ts: dict[TupleRef, int],
                   release: int) -> None:
-    """Two result blocks as a ring head writes them, headed by the round's release watermark
-    only; verify must take the highest."""
+    """Two rounds as a ring head writes them: each round's results in the job's output
+    format, then its release on the commits topic; verify must take the highest release."""
     p = kafka.Cluster(bootstrap).producer()
+    now = int(time.time() * 1000)
     half = len(results) // 2
-    for chunk, wm in ((results[:half], release - 100), (results[half:], release)):
-        parts = [np.array([r[i][1] for r in chunk], np.int32) for i in range(len(job.streams))]
-        offs = [np.array([r[i][2] for r in chunk], np.int64) for i in range(len(job.streams))]
-        stamps = [np.array([ts[r[i]] for r in chunk], np.int64) for i in range(len(job.streams))]
-        cols = {RESULT_ID: result_ids(job.input_topics, parts, offs),
-                EVENT_TIME: np.max(stamps, axis=0) if chunk else np.empty(0, np.int64),
-                PRODUCED_MS: np.full(len(chunk), int(time.time() * 1000), np.int64)}
-        for s, part, off, t in zip(job.streams, parts, offs, stamps):
-            cols.update(zip(ref_columns(s.name), (part, off, t)))
-        p.produce(job.results_topic, partition=0, value=encode_block(Block(cols)), headers=[(H_WM, str(wm).encode())])
+    for n, (chunk, wm) in enumerate(((results[:half], release - 100), (results[half:], release))):
+        for value in encode(job, [ResultRecord(r, max(ts[ref] for ref in r), now) for r in chunk]):
+            p.produce(job.results_topic, partition=0, value=value)
+        p.produce(job.commits_topic, partition=0, key=b"head", value=round_release(wm, n))
     assert p.flush(30) == 0
 
 

@@ -1,24 +1,25 @@
 """The Spark jobs end to end on the embedded broker: `run_sources` writes a
 real workload, the test writes a results topic computed with the reference
-join, and `run_verify` must accept it, then catch a duplicate and a loss."""
+join (and the batch commits that carry the groups' watermarks), and
+`run_verify` must accept it, then catch a duplicate, a loss and a result
+record that does not decode."""
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import pytest
 
-from streamjoin.engine.block import Block
+from streamjoin.launcher import write_job
 from streamjoin.engine.reference import RefTuple, RefWindow, TupleRef, reference_join
-from streamjoin.engine.result_ids import result_ids
-from streamjoin.schemas.codecs import encode_block
-from streamjoin.schemas.results import EVENT_TIME, PRODUCED_MS, RESULT_ID, BatchHeader, dead_letter_headers, ref_columns
+from streamjoin.schemas.results import dead_letter_headers
 from streamjoin.services import broker as embedded
 from streamjoin.services import kafka
 from streamjoin.services.spark.kafka_source import NAME as KAFKA
@@ -26,6 +27,9 @@ from streamjoin.services.spark.sources import run_sources
 from streamjoin.services.spark.verify import run_verify
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
+from tests.integration.spark_output import named_log, noise, spark_lines
+from tests.unit.result_writer import Result as ResultRecord
+from tests.unit.result_writer import batch_commit, encode
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -33,15 +37,15 @@ PARTITIONS = 4
 Result = tuple[TupleRef, ...]
 
 
-def make_job(name: str, bootstrap: str, input_topics: list[str] | None = None) -> JobSettings:
-    """r: a time window, s: a count window, so final watermarks matter too."""
+def make_job(name: str, bootstrap: str, input_topics: list[str] | None = None, output: str = "json") -> JobSettings:
+    """r: a time window, s: a count window, so final watermarks matter too; results in `output` format."""
     windows = [{"range_ms": 60_000}, {"rows": 3}]
     streams = [{"name": n, "fields": {"k": "int", "ts": "int", "pad": "str"}, "time_field": "ts",
                 "key_fields": ["k"], "window": w} for n, w in zip("rs", windows)]
     for s, t in zip(streams, input_topics or []):
         s["topic"] = t
     return load(None, job=name, bootstrap=bootstrap, partitions=PARTITIONS, streams=streams,
-                workload={"rate": 80, "domain": 256, "skew": 0.7, "seconds": 5})
+                workload={"rate": 80, "domain": 256, "skew": 0.7, "seconds": 5}, output={"format": output})
 
 
 @dataclass
@@ -94,23 +98,18 @@ def read_inputs(job: JobSettings, bootstrap: str) -> tuple[list[list[RefTuple]],
 
 
 def write_results(job: JobSettings, bootstrap: str, results: list[Result], ts: dict[TupleRef, int],
-                  watermarks: dict[int, int]) -> None:
-    """One result block per group (the first stream's partition), as a worker writes them."""
-    names = [s.name for s in job.streams]
+                  watermarks: dict[int, int], extra: tuple[bytes, ...] = ()) -> None:
+    """As workers write them: per group (the first stream's partition) a batch commit with
+    the group's watermark, then its results in the job's output format; then `extra` records."""
     p = kafka.Cluster(bootstrap).producer()
+    now = int(time.time() * 1000)
     for g in range(job.partitions):
-        mine = [r for r in results if r[0][1] == g]
-        cols: dict[str, np.ndarray] = {}
-        parts = [np.array([r[i][1] for r in mine], np.int32) for i in range(len(names))]
-        offs = [np.array([r[i][2] for r in mine], np.int64) for i in range(len(names))]
-        stamps = [np.array([ts[r[i]] for r in mine], np.int64) for i in range(len(names))]
-        cols[RESULT_ID] = result_ids(job.input_topics, parts, offs)
-        cols[EVENT_TIME] = np.max(stamps, axis=0) if mine else np.empty(0, np.int64)
-        cols[PRODUCED_MS] = np.full(len(mine), int(time.time() * 1000), np.int64)
-        for n, part, off, t in zip(names, parts, offs, stamps):
-            cols.update(zip(ref_columns(n), (part, off, t)))
-        header = BatchHeader(g, 0, 0, 1, {}, watermarks[g], "test")
-        p.produce(job.results_topic, partition=g, value=encode_block(Block(cols)), headers=header.encode())
+        mine = [ResultRecord(r, max(ts[ref] for ref in r), now) for r in results if r[0][1] == g]
+        p.produce(job.commits_topic, partition=g, key=str(g).encode(), value=batch_commit(g, watermarks[g]))
+        for value in encode(job, mine):
+            p.produce(job.results_topic, partition=g, value=value)
+    for value in extra:
+        p.produce(job.results_topic, partition=0, value=value)
     assert p.flush(30) == 0
 
 
@@ -148,8 +147,9 @@ def test_sources_write_the_workload(world: World) -> None:
 def test_verify_accepts_a_correct_join(world: World, tmp_path: Path) -> None:
     report = run_verify(world.job, kafka.Cluster(world.bootstrap), tmp_path / "report.json", tmp_path / "delay.png")
     assert report["verified"], report
-    assert report["expected"] == report["results"] == len(world.results)
-    assert (report["missing"], report["extra"], report["duplicates"], report["bad_ids"]) == (0, 0, 0, 0)
+    assert report["expected"] == report["results"] == report["result_records"] == len(world.results)
+    assert (report["missing"], report["extra"], report["duplicates"], report["bad_ids"], report["bad_records"]) == (
+        0, 0, 0, 0, 0)
     assert report["dead_letter"]["count"] == 1 and report["dead_letter"]["by_reason"] == {"malformed": 1}
     assert report["lost"] == 0
     assert report["inputs"]["total"] == sum(len(s) for s in world.streams) + 1
@@ -158,15 +158,34 @@ def test_verify_accepts_a_correct_join(world: World, tmp_path: Path) -> None:
     assert (tmp_path / "delay.png").stat().st_size > 1000
 
 
-def test_verify_catches_duplicate_missing_and_lost(world: World) -> None:
-    # Same inputs under another job name, so it gets results and dead-letter topics of its own.
-    job = make_job("sparkit-bad", world.bootstrap, world.job.input_topics)
+def test_verify_catches_duplicate_missing_lost_and_bad_records(world: World) -> None:
+    # Same inputs under another job name, so it gets results and dead-letter topics of its own; Avro results.
+    job = make_job("sparkit-bad", world.bootstrap, world.job.input_topics, output="avro")
     topics.ensure(kafka.Cluster(world.bootstrap).admin(), job)
     write_dead_letter(job, world.bootstrap, world.malformed)
     produce_malformed(world.bootstrap, job.input_topics[1])  # never dead-lettered: lost
     results = world.results[1:] + world.results[-1:]  # drop the first, repeat the last
-    write_results(job, world.bootstrap, results, world.ts, world.watermarks)
+    write_results(job, world.bootstrap, results, world.ts, world.watermarks, extra=(b"not avro",))
     report = run_verify(job, kafka.Cluster(world.bootstrap))
     assert not report["verified"]
     assert (report["missing"], report["extra"], report["duplicates"]) == (1, 0, 1), report
+    assert (report["bad_records"], report["bad_ids"], report["result_records"]) == (1, 0, len(results) + 1), report
     assert report["lost"] == 1 and report["dead_letter"]["count"] == 1, report
+
+
+def test_sources_command_keeps_spark_output_in_its_log(world: World, tmp_path: Path) -> None:
+    """The terminal gets the command's JSON and progress; Spark's own lines go to the file it
+    names, and no line anywhere shows the job's Kafka client settings' values."""
+    secret = "Hunter2-S3cr3t"
+    # sasl.password without a SASL protocol: librdkafka keeps it unused, so the embedded broker still serves.
+    job = make_job("sparkit-cli", world.bootstrap).model_copy(update={"kafka": {"sasl.password": secret}})
+    topics.ensure(kafka.Cluster(world.bootstrap).admin(), job)
+    command = [sys.executable, "-c", "from streamjoin.cli import app; app()", "sources",
+               "--job", str(write_job(job, tmp_path / "job.yaml")), "--bootstrap", world.bootstrap, "--seconds", "2"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sum(json.loads(run.stdout)["records"].values()) > 0
+    assert noise(run.stdout + run.stderr) == []
+    log = Path(named_log(run.stderr)).read_text()
+    assert spark_lines(log), "Spark's lines are in the log file instead"
+    assert secret not in run.stdout + run.stderr + log

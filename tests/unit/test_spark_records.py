@@ -12,10 +12,11 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from streamjoin.engine.block import OFF, PART
-from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC
+from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, dead_letter_headers
 from streamjoin.services.spark.kafka_source import RECORD_SCHEMA
 from streamjoin.services.spark.sources import block_values, generated_batch, generated_schema, records
-from streamjoin.services.spark.verify import decode_ring_dead_letters, decode_tuples, mark_dead
+from streamjoin.services.spark.verify import (accepted_inputs, decode_ring_dead_letters, decode_tuples, hash_inputs,
+                                              mark_dead)
 from streamjoin.services.workloads import generate
 from streamjoin.settings import JobSettings, load
 from tests.unit.ring_harness import decode
@@ -108,3 +109,24 @@ def test_ring_dead_letters_cover_exactly_their_tuples(spark) -> None:
     reasons = {(r.record_offset, r.offset & 0xFFFFF): r.reason for r in marked}
     assert reasons == {(5, 0): "late", (5, 1): "late", (5, 2): None, (5, 3): None,
                        **{(6, i): "oversize" for i in range(4)}, **{(7, i): None for i in range(4)}}
+
+
+def test_hash_dead_letters_exclude_their_inputs_whatever_the_reason(spark) -> None:
+    streams = [{"name": n, "fields": {"k": "int", "ts": "int"}, "time_field": "ts", "key_fields": ["k"],
+                "window": {"range_ms": 10}} for n in "rs"]
+    job = load(None, job="dl", streams=streams)
+
+    def letter(topic: str, offset: int, reason: str) -> tuple:
+        headers = {k: v.decode() for k, v in dead_letter_headers(reason, "test", topic, 1, offset, group=1, seq=0)}
+        return (job.dead_letter_topic, 1, offset, 0, None, b"{}", headers)
+
+    inputs = [("dl.r", 1, o, 0, b"1", b'{"k": 1, "ts": 5}', {}) for o in range(4)] + [
+        ("dl.r", 1, 4, 0, b"1", b'{"k": 1, "ts": oops', {}),  # malformed and never dead-lettered: lost
+        ("dl.s", 1, 0, 0, b"1", b'{"k": 1, "ts": 6}', {})]
+    letters = [letter("dl.r", 1, "misrouted"), letter("dl.r", 2, "late"), letter("dl.s", 0, "oversize")]
+    decoded, dead = hash_inputs(_raw(spark, inputs + letters), job)
+    reasons = {(r.topic, r.offset): (r.ok, r.reason) for d in decoded for r in d.collect()}
+    assert reasons == {("dl.r", 0): (True, None), ("dl.r", 1): (True, "misrouted"), ("dl.r", 2): (True, "late"),
+                       ("dl.r", 3): (True, None), ("dl.r", 4): (False, None), ("dl.s", 0): (True, "oversize")}
+    assert [sorted(r.offset for r in accepted_inputs(d).collect()) for d in decoded] == [[0, 3], []]
+    assert dead.count() == 3
