@@ -89,6 +89,19 @@ class RecordBuffer:
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def read_partitions(self) -> list[tuple[str, int]]:
+        """Every (topic, partition) a record of this buffer was read from."""
+        return [(topic, p) for by_topic in self.positions.values() for topic, parts in by_topic.items() for p in parts]
+
+    def advance(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """Take the consumer's positions where they are further: past a transaction's commit
+        marker, which occupies an offset no record has (the by-key topics are written in
+        transactions), so that a committed position reaches the partition's end."""
+        for by_topic in self.positions.values():
+            for topic, parts in by_topic.items():
+                for p, next_offset in parts.items():
+                    parts[p] = max(next_offset, positions.get((topic, p), next_offset))
+
     def record_index(self, partitions: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Positions of the given (partition, offset) records in this buffer."""
         packed = (np.asarray(self.partitions, np.int64) << 44) | np.asarray(self.offsets, np.int64)

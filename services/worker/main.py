@@ -61,6 +61,7 @@ class Worker:
         self.groups: set[int] = set()
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int, int]]] = {}
+        self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
         self.health = metrics.HealthState()
         self.stopping = False
         self.metrics_url = ""
@@ -87,6 +88,7 @@ class Worker:
                 self._cycle()
                 last_cycle = now
             if (now - last_beat) * 1000 >= self.job.worker.heartbeat_ms:
+                self._commit_skipped_markers()
                 self._heartbeat()
                 last_beat = now
         self._shutdown()
@@ -138,7 +140,9 @@ class Worker:
         for g in sorted(added):
             self.skip_dead[g] = self._recover_until_done(g)
         if added:
-            self.consumer.incremental_assign(self._partitions(added, from_checkpoint=True))
+            assigned = self._partitions(added, from_checkpoint=True)
+            self.consumer.incremental_assign(assigned)
+            self.committed.update({(tp.topic, tp.partition): tp.offset for tp in assigned if tp.offset >= 0})
         self.groups = wanted
         metrics.GROUPS.set(len(wanted))
         log.info("assignment applied", groups=len(wanted), added=len(added), removed=len(removed))
@@ -180,22 +184,52 @@ class Worker:
     def _cycle(self) -> None:
         started = time.perf_counter()
         now_ms = int(time.time() * 1000)
+        self._advance_to_consumer_positions()
         batches = run_cycle(self.job, self.plan, self.store, self.pending, self.routings, now_ms)
         self.pending = {}
+        offsets = self._next_offsets(batches)
         try:
-            self.emitter.emit(batches, self.consumer, self._next_offsets(batches), self.skip_dead)
+            self.emitter.emit(batches, self.consumer, offsets, self.skip_dead)
         except KafkaException as e:
             log.warning("cycle failed; recovering its groups", error=str(e), groups=len(batches))
             metrics.BROKER_ERRORS.labels("cycle").inc()
             self.emitter.abort()
             self._reset({b.group for b in batches})
             return
+        self.committed.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
         tx = self.store.store.transaction()
         for b in batches:
             self.store.stage(tx, b.group, b.state, b.appended)
         tx.commit()
         self._observe(batches, time.perf_counter() - started)
         self.store.evict_cold(keep=set())
+
+    def _commit_skipped_markers(self) -> None:
+        """Commit positions that moved past transaction commit markers alone.
+
+        The by-key topics are written in transactions; a marker follows each one's records
+        and takes an offset. When a partition's last record was taken before the consumer
+        reached the marker behind it, no batch commits past it, and the partition would show
+        a lag of one for good. A partition with nothing pending returned no record since its
+        last commit, so its position moved over markers only: committing it loses nothing."""
+        if not self.groups:
+            return
+        pending = {tp for buf in self.pending.values() for tp in buf.read_partitions()}
+        positions = self.consumer.position(self._partitions(self.groups))
+        moved = [tp for tp in positions if (tp.topic, tp.partition) not in pending
+                 and tp.offset > self.committed.get((tp.topic, tp.partition), tp.offset)]
+        if moved:
+            self.consumer.commit(offsets=moved, asynchronous=False)
+            self.committed.update({(tp.topic, tp.partition): tp.offset for tp in moved})
+
+    def _advance_to_consumer_positions(self) -> None:
+        read = sorted({tp for buf in self.pending.values() for tp in buf.read_partitions()})
+        if not read:
+            return
+        positions = {(tp.topic, tp.partition): tp.offset
+                     for tp in self.consumer.position([TopicPartition(t, p) for t, p in read]) if tp.offset >= 0}
+        for buf in self.pending.values():
+            buf.advance(positions)
 
     def _next_offsets(self, batches: list[GroupBatch]) -> list[TopicPartition]:
         return [TopicPartition(topic, p, o) for b in batches for topic, parts in b.end.items() for p, o in parts.items()]

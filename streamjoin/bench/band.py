@@ -57,14 +57,13 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamjoin.engine.block import Block
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block
-from streamjoin.schemas.results import H_WM
+from streamjoin.schemas.result_codec import decode_results, result_layout
+from streamjoin.schemas.results import RoundRelease, decode_commit
 from streamjoin.services import broker as embedded
 from streamjoin.services import kafka, workloads
 from streamjoin.bench import ours, report
@@ -181,8 +180,10 @@ class Backlog:
 def base_job(case: Case, round_cap: int) -> JobSettings:
     job = load(JOB_FILE)
     streams = [s.model_copy(update={"format": "blocks", "window": case.window()}) for s in job.streams]
+    # Results as Arrow blocks: the peer is an in-memory join that writes no records at all, so our
+    # figure leaves per-record encoding out (bench equijoin measures what json costs against blocks).
     return job.model_copy(update={
-        "streams": streams, "partitions": 1,
+        "streams": streams, "partitions": 1, "output": job.output.model_copy(update={"format": "blocks"}),
         "worker": job.worker.model_copy(update={"max_batch_records": round_cap}),
         "workload": job.workload.model_copy(update={"rate": case.rate}),
     })
@@ -376,12 +377,12 @@ def check_tail(cluster: kafka.Cluster, job: JobSettings, backlog: Backlog, k: in
     if not finished:
         return {"exact": False, "why": "the backlog was not finished within the budget", "last_produced_s": None}
     cut = cut_time(backlog, k)
-    table = results_since(cluster, job, cut)
-    produced = table.column("produced_ms").to_numpy()
-    table = table.filter(pc.greater_equal(table.column("event_time"), cut))
+    results = results_since(cluster, job, cut)
+    produced = results["produced_ms"]
+    recent = results["event_time"] >= cut
     expected = expected_pairs(backlog, cut)
-    observed = np.stack([_index_of(backlog.offsets[i], table.column(f"{s.name}.offset").to_numpy())
-                         for i, s in enumerate(job.streams)], axis=1) if table.num_rows else np.empty((0, 2), np.int64)
+    observed = np.stack([_index_of(backlog.offsets[i], results[f"{s.name}.offset"][recent])
+                         for i, s in enumerate(job.streams)], axis=1) if recent.any() else np.empty((0, 2), np.int64)
     exp, obs = _keys(expected), _keys(observed)
     unique = np.unique(obs)
     missing = int(len(np.setdiff1d(exp, unique)))
@@ -405,29 +406,38 @@ def _keys(pairs: np.ndarray) -> np.ndarray:
     return pairs[:, 0].astype(np.int64) * (1 << 32) + pairs[:, 1].astype(np.int64)
 
 
-def results_since(cluster: kafka.Cluster, job: JobSettings, cut: int, margin_rounds: int = 3) -> pa.Table:
-    """Result rows of the rounds that may hold triggers at or after `cut`, read from the end of
-    the results topic backwards. Records carry their round's release watermark (sj-wm; its
-    triggers are older) and round (sj-round); nodes' records of adjacent rounds may interleave,
-    so reading goes back `margin_rounds` rounds past the first one that matters."""
+def results_since(cluster: kafka.Cluster, job: JobSettings, cut: int, margin_rounds: int = 3) -> dict[str, np.ndarray]:
+    """Results of the rounds that may hold triggers at or after `cut`, read from the end of each
+    results partition backwards. A round releases the tuples below its watermark (its release
+    record on the commits topic), so a result's event time lies in its round's span; nodes'
+    results of adjacent rounds may interleave, so reading goes back to results older than the
+    watermark `margin_rounds` rounds before the first round that matters."""
+    releases = sorted((c.round, c.watermark) for c in _commits(cluster, job) if isinstance(c, RoundRelease))
+    needed = [i for i, (_, wm) in enumerate(releases) if wm > cut]
+    floor = releases[max(0, needed[0] - margin_rounds)][1] if needed else None
     topic, group = job.results_topic, f"{job.consumer_group}-bench-results"
+    layout = result_layout(job)
     ends = kafka.end_offsets(cluster, [(topic, p) for p in range(job.partitions)], group)
-    back = 256
-    while True:
-        starts = {p: max(0, ends[(topic, p)] - back) for p in range(job.partitions)}
-        msgs = kafka.read_partitions(cluster, topic, starts, group)
-        heads = [(int(h["sj-round"]), int(h[H_WM])) for h in (dict(m.headers() or []) for m in msgs)]
-        needed = [r for r, wm in heads if wm > cut]
-        first = min((r for r, _ in heads), default=0)
-        if all(s == 0 for s in starts.values()) or (needed and first <= min(needed) - margin_rounds):
-            break
-        back *= 4
-    tables = [pa.ipc.open_stream(m.value()).read_all() for m in msgs if m.value()]
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return pa.table({"event_time": pa.array([], pa.int64()), "produced_ms": pa.array([], pa.int64()),
-                         **{f"{s.name}.offset": pa.array([], pa.int64()) for s in job.streams}})
-    return pa.concat_tables(tables)
+    parts = []
+    for p in range(job.partitions):
+        back = 256
+        while True:
+            start = max(0, ends[(topic, p)] - back)
+            values = [m.value() for m in kafka.read_partition(cluster, topic, p, start, group)]
+            decoded = decode_results(layout, job.output.format, values).columns
+            times = decoded["event_time"]
+            if start == 0 or floor is None or (len(times) and times[0] < floor):
+                break
+            back *= 4
+        parts.append(decoded)
+    return {name: np.concatenate([d[name] for d in parts]) for name in parts[0]}
+
+
+def _commits(cluster: kafka.Cluster, job: JobSettings) -> list:
+    topic = job.commits_topic
+    records = kafka.read_partitions(cluster, topic, dict.fromkeys(range(job.partitions), 0),
+                                    f"{job.consumer_group}-bench-commits")
+    return [decode_commit(m.value()) for m in records]
 
 
 def expected_pairs(backlog: Backlog, cut: int, cells: int = 1 << 24) -> np.ndarray:

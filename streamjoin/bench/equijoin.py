@@ -113,8 +113,10 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     for k in plan.workers:
         with env.phase(f"our backlog replay with {k} worker(s)"):
             replays[k] = ours.run_replay(env, common, k)
+    with env.phase("our backlog replay with 1 worker writing Arrow blocks (what JSON output costs)"):
+        blocks = ours.run_replay(env, common, 1, output_format="blocks")
     peers = run_peers(env, common, sweeps[common_k], plan)
-    result = assemble(job, plan, quick, sweeps, replays, common_k, peers)
+    result = assemble(job, plan, quick, sweeps, replays, blocks, common_k, peers)
     if plot_path is not None:
         plot(result, plot_path)
         result["plot"] = str(plot_path)
@@ -168,23 +170,28 @@ def spark_figures(env: BenchEnv, common: JobSettings, tables: dict, sweep: dict,
                    f"{plan.spark_files_per_trigger} files per trigger; paced: every new file each trigger"}
 
 
-def assemble(job: JobSettings, plan: Plan, quick: bool, sweeps: dict, replays: dict, common_k: int,
+def assemble(job: JobSettings, plan: Plan, quick: bool, sweeps: dict, replays: dict, blocks: dict, common_k: int,
              peers: dict) -> dict:
+    """The report: our figures, the peers', their ratios; `blocks` is the 1-worker replay writing Arrow blocks."""
     capacity = {str(k): report.capacity(s["steps"]) for k, s in sweeps.items()}
     reading = {str(k): report.capacity_reading(s["steps"]) for k, s in sweeps.items()}
     throughput = {str(k): r["tuples_per_s"] for k, r in replays.items()}
     exact = (all(s["verify"]["verified"] for s in sweeps.values())
-             and all(r["identical_to_verified_run"] for r in replays.values()))
+             and all(r["identical_to_verified_run"] for r in [*replays.values(), blocks]))
     ours_figures = {
         "capacity_per_stream": capacity,
         "capacity_reading": reading,
         "throughput_tuples_per_s": throughput,
         "sweeps": {str(k): s for k, s in sweeps.items()},
         "replays": {str(k): r for k, r in replays.items()},
+        "replay_blocks_1w": blocks,
         "common_input": f"the {common_k}-worker sweep's input topics",
     }
     return {"workload": "equijoin", "exact": exact, "parameters": parameters(job, plan, quick),
-            "ours": ours_figures, "peers": peers, "ratios": ratios(capacity, throughput, peers)}
+            "ours": ours_figures, "peers": peers,
+            "ratios": ratios(capacity, throughput, peers) | {"json_vs_blocks_1w": report.ratio(
+                replays[1]["tuples_per_s"] if 1 in replays else None, blocks["tuples_per_s"],
+                f"backlog throughput, results as {job.output.format} records vs Arrow blocks", "tuples/s")}}
 
 
 def ratios(capacity: dict, throughput: dict, peers: dict) -> dict:

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamjoin.schemas.results import PRODUCED_MS, RESULT_ID, ref_columns
+from streamjoin.schemas.result_codec import decode_results, result_layout
+from streamjoin.schemas.results import PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, ref_columns
 from streamjoin.services import kafka
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.report import delay_stats, overloaded, sustained_rate
@@ -215,11 +215,14 @@ def _judge_steps(steps: list[dict], delays_ms: np.ndarray, newest_ms: np.ndarray
 # ---------------------------------------------------------------- the replay
 
 
-def run_replay(env: BenchEnv, source: JobSettings, workers: int) -> dict:
-    """Sustained throughput: a fresh fleet drains `source`'s whole input as a backlog;
-    its output must be `source`'s verified output, id for id."""
-    replay = fleet_job(source, env, f"{source.job}-replay{workers}", workers).model_copy(update={
-        "streams": [s.model_copy(update={"topic": source.topic_of(s)}) for s in source.streams]})
+def run_replay(env: BenchEnv, source: JobSettings, workers: int, output_format: str | None = None) -> dict:
+    """Sustained throughput: a fresh fleet drains `source`'s whole input as a backlog, writing
+    results in `output_format` (default: the job's); its output must be `source`'s verified
+    output, id for id."""
+    fmt = output_format or source.output.format
+    replay = fleet_job(source, env, f"{source.job}-replay{workers}-{fmt}", workers).model_copy(update={
+        "streams": [s.model_copy(update={"topic": source.topic_of(s)}) for s in source.streams],
+        "output": source.output.model_copy(update={"format": fmt})})
     samples: list[tuple[float, float]] = []
     began = time.monotonic()
     # Sampling starts with the processes: the 10%-90% cut then leaves start-up out, however short the backlog.
@@ -229,10 +232,10 @@ def run_replay(env: BenchEnv, source: JobSettings, workers: int) -> dict:
     fleet.assert_running()
     restarts = fleet.restarts
     fleet.stop_all()
-    ours = np.sort(read_results(env.cluster, replay, [RESULT_ID])[RESULT_ID])
-    theirs = np.sort(read_results(env.cluster, source, [RESULT_ID])[RESULT_ID])
+    ours = result_ids(env.cluster, replay)
+    theirs = result_ids(env.cluster, source)
     total = samples[-1][1] if samples else 0
-    return {"job": replay.job, "workers": workers, "inputs": int(total),
+    return {"job": replay.job, "workers": workers, "output_format": fmt, "inputs": int(total),
             "wall_seconds": round(samples[-1][0], 2) if samples else None,
             "tuples_per_s": sustained_rate(samples), "restarts": restarts,
             "results": int(len(ours)), "identical_to_verified_run": bool(np.array_equal(ours, theirs))}
@@ -242,16 +245,20 @@ def run_replay(env: BenchEnv, source: JobSettings, workers: int) -> dict:
 
 
 def read_results(cluster: kafka.Cluster, job: JobSettings, columns: Sequence[str]) -> dict[str, np.ndarray]:
-    """The given columns of every result in the job's results topic (one Arrow block per record)."""
+    """The given columns of every result in the job's results topic, in its output format."""
     records = kafka.read_partitions(cluster, job.results_topic, dict.fromkeys(range(job.partitions), 0),
                                     f"{job.consumer_group}-bench-read")
-    tables = [pa.ipc.open_stream(m.value()).read_all().select(list(columns))
-              for m in records if m.value()]  # empty values are batch commit markers
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return {c: np.empty(0, np.int64) for c in columns}
-    table = pa.concat_tables(tables)
-    return {c: table.column(c).to_numpy() for c in columns}
+    decoded = decode_results(result_layout(job), job.output.format, [m.value() for m in records])
+    if decoded.rejects:
+        raise ValueError(f"{len(decoded.rejects)} records of {job.results_topic} are no results: {decoded.rejects[:3]}")
+    return {c: decoded.columns[c] for c in columns}
+
+
+def result_ids(cluster: kafka.Cluster, job: JobSettings) -> np.ndarray:
+    """Every result's 128-bit id as sorted (hi, lo) rows."""
+    ids = read_results(cluster, job, [RESULT_ID_HI, RESULT_ID_LO])
+    pairs = np.stack([ids[RESULT_ID_HI], ids[RESULT_ID_LO]], axis=1)
+    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
 
 
 def arrivals(cluster: kafka.Cluster, job: JobSettings, topic: str) -> tuple[np.ndarray, np.ndarray]:

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from streamjoin.services.worker.intake import RecordBuffer
+from streamjoin.services.worker.intake import RecordBuffer, routing_for
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.services.worker.processor import join_plan, run_cycle
 from streamjoin.state.partition import window_prefix
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import load
+from streamjoin.topology.partitioner import key_bytes, partition_for
 
 
 class _Msg:
@@ -40,7 +41,15 @@ class _Msg:
         return None
 
     def partition(self) -> int:
-        return 3
+        return GROUP
+
+    def topic(self) -> str:
+        return "st.r"
+
+
+GROUP = 3
+# Join keys that Kafka's murmur2 partitioner puts in partition GROUP of 60, so no tuple is re-routed.
+KEYS = tuple(k for k in range(2000) if partition_for(key_bytes(k), 60) == GROUP)[:3]
 
 
 def _job(tmp_path: Path, rows: bool = False):
@@ -58,9 +67,9 @@ def _feed(job, store: WindowedStore, group: int, batches: int) -> None:
         buffers = {i: RecordBuffer() for i in (0, 1)}
         for j in range(20):
             i = j % 2
-            buffers[i].add(_Msg(offset[i], j % 3, 1000 + n * 40 + j))  # type: ignore[arg-type]
+            buffers[i].add(_Msg(offset[i], KEYS[j % 3], 1000 + n * 40 + j), GROUP)  # type: ignore[arg-type]
             offset[i] += 1
-        (gb,) = run_cycle(job, plan, store, buffers, now_ms=0)
+        (gb,) = run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=0)
         assert gb.group == group
         tx = store.store.transaction()
         store.stage(tx, group, gb.state, gb.appended)
@@ -75,7 +84,7 @@ def test_restored_window_equals_memory_and_dead_blocks_are_deleted(tmp_path: Pat
     for rows in (False, True):
         job = _job(tmp_path / str(rows), rows)
         store = WindowedStore(Store(tmp_path / str(rows) / "db"), join_plan(job), stream_templates(job), 1 << 30)
-        _feed(job, store, group=3, batches=12)
+        _feed(job, store, group=GROUP, batches=12)
         live = store.get(3)
         assert live.window.tuples > 0
         stored_blocks = [len(list(store.store.scan(window_prefix(3, i)))) for i in (0, 1)]
@@ -94,7 +103,7 @@ def test_restored_window_equals_memory_and_dead_blocks_are_deleted(tmp_path: Pat
 def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
     job = _job(tmp_path)
     store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), hot_bytes=1)
-    _feed(job, store, group=3, batches=3)
+    _feed(job, store, group=GROUP, batches=3)
     before = _snapshot(store.get(3).window)
     store.evict_cold(keep=set())
     assert store.hot_groups() == {} and store.hot_size == 0
