@@ -14,6 +14,8 @@ Contract, for m streams joined on equal keys:
   one partition per stream, so per key this is (ts, offset).
 Count-window results are final only once the watermark of their partition
 group has passed T; `final_watermark` bounds them (None = everything is final).
+A result's group is its key's: `group_of` its first member (by default the
+member's partition, which is its group when the inputs are co-partitioned).
 """
 
 from __future__ import annotations
@@ -54,12 +56,14 @@ def reference_join(
     streams: Sequence[Sequence[RefTuple]],
     windows: Sequence[RefWindow],
     final_watermark: Mapping[int, int] | None = None,
+    group_of: Callable[[RefTuple], int] = lambda t: t.ref[1],
 ) -> set[tuple[TupleRef, ...]]:
     """All results, each as the tuple of its inputs' refs in stream order.
 
-    `final_watermark` maps partition -> watermark; when given, results whose
-    time T is not below their partition's watermark are not yet final and are
-    left out (used for count windows, which emit on the watermark).
+    `final_watermark` maps group -> watermark; when given, results whose
+    time T is not below their group's watermark are not yet final and are
+    left out (used for count windows, which emit on the watermark). `group_of`
+    names a tuple's group.
     """
     by_key: list[dict[Hashable, list[RefTuple]]] = []
     for stream in streams:
@@ -73,7 +77,7 @@ def reference_join(
         per_stream = [g[key] for g in by_key]
         for combo in itertools.product(*per_stream):
             big_t = max(t.ts for t in combo)
-            if final_watermark is not None and big_t >= final_watermark.get(combo[0].ref[1], big_t):
+            if final_watermark is not None and big_t >= final_watermark.get(group_of(combo[0]), big_t):
                 continue
             if all(_inside(w, t, s, big_t) for w, t, s in zip(windows, combo, per_stream)):
                 out.add(tuple(t.ref for t in combo))

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streamjoin.settings import JobSettings
@@ -91,69 +91,74 @@ _PRODUCER: dict[str, Any] = PRODUCER_PARTITIONER | {
 
 
 def end_offsets(cluster: Cluster, partitions: list[tuple[str, int]], group: str,
-                settle: float = 0.5) -> dict[tuple[str, int], int]:
-    """The true next offset of each partition.
+                isolation: str = "read_committed", timeout_s: float = 60.0) -> dict[tuple[str, int], int]:
+    """The end of each partition as of now: where a reader with `isolation` stops.
 
-    Tansu answers ListOffsets with the base offset of the last record batch
-    plus one, not the end; so the last batch is read from there and its last
-    record counts. On Apache Kafka the watermark is exact and this reads at
-    most one record per partition.
-    """
-    c = cluster.consumer(group)
+    Not ListOffsets alone: Tansu answers that with the last record batch's base
+    offset + 1. A consumer assigned at the end fetches from that answer, and the
+    fetch response's end-of-partition event carries the true end (the high
+    watermark, or under read_committed the last stable offset) on any broker, at
+    the cost of one small fetch per partition. Raises TimeoutError when a partition
+    gives no end within `timeout_s`, KafkaException on any other error."""
+    if not partitions:
+        return {}
+    c = cluster.consumer(group, **{"isolation.level": isolation, "enable.partition.eof": True})
     try:
-        highs = {tp: c.get_watermark_offsets(TopicPartition(*tp), timeout=10)[1] for tp in partitions}
-        ends = dict(highs)
-        probe = [TopicPartition(t, p, highs[(t, p)] - 1) for t, p in partitions if highs[(t, p)] > 0]
-        if probe:
-            c.assign(probe)
-            # Quiet for `settle`, or at most 4 x settle: a partition written all the time
-            # (the control topic's heartbeats) has no end "as of now" worth waiting for.
-            quiet_since = deadline = time.monotonic()
-            deadline += 4 * settle
-            while time.monotonic() - quiet_since < settle and time.monotonic() < deadline:
-                msgs = [m for m in c.consume(10_000, 0.1) if m.error() is None]
-                for m in msgs:
-                    key = (m.topic(), m.partition())
-                    ends[key] = max(ends[key], m.offset() + 1)
-                if msgs:
-                    quiet_since = time.monotonic()
+        c.assign([TopicPartition(t, p, OFFSET_END) for t, p in partitions])
+        ends: dict[tuple[str, int], int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(ends) < len(partitions):
+            for m in c.consume(10_000, 0.2):
+                err = m.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    ends.setdefault((m.topic(), m.partition()), m.offset())
+                elif err is not None:
+                    raise KafkaException(err)
+            if time.monotonic() > deadline:
+                missing = sorted(set(partitions) - set(ends))
+                raise TimeoutError(f"no end of partition from {cluster.bootstrap} within {timeout_s}s for {missing[:5]}")
         return ends
     finally:
         c.close()
 
 
 def read_partitions(cluster: Cluster, topic: str, starts: dict[int, int], group: str,
-                    idle_timeout: float = 2.0) -> list[Message]:
-    """Every record of the given partitions, from each start offset to the end as of now.
+                    timeout_s: float = 120.0) -> list[Message]:
+    """Every record of the given partitions of `topic` under read_committed, from each start
+    offset to the end as of now (`end_offsets`).
 
-    A partition is done when its position reaches its end offset; under
-    read_committed a broker may keep the position short of it (a transaction
-    marker, an open transaction), so a stretch of `idle_timeout` without any
-    record also ends the read.
-    """
-    highs = {p: e for (_, p), e in end_offsets(cluster, [(topic, p) for p in starts], group).items()}
+    A partition is done when the consumer's position reaches its end: the position also
+    moves over transaction markers and aborted records, which no reader is handed. Fails
+    loudly (TimeoutError after `timeout_s`, KafkaException on a broker error) rather than
+    return a partial read."""
+    ends = {p: e for (_, p), e in end_offsets(cluster, [(topic, p) for p in starts], group).items()}
+    remaining = {p for p, s in starts.items() if ends[p] > max(s, 0)}
+    if not remaining:
+        return []
     c = cluster.consumer(group)
     try:
-        c.assign([TopicPartition(topic, p, s if s > 0 else OFFSET_BEGINNING) for p, s in starts.items()])
-        remaining = {p for p, s in starts.items() if highs[p] > max(s, 0)}
+        c.assign([TopicPartition(topic, p, starts[p] if starts[p] > 0 else OFFSET_BEGINNING) for p in remaining])
         out: list[Message] = []
-        last_progress = time.monotonic()
-        while remaining and time.monotonic() - last_progress < idle_timeout:
-            msgs = [m for m in c.consume(10_000, 0.2) if m.error() is None]
-            if msgs:
-                out += msgs
-                last_progress = time.monotonic()
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            for m in c.consume(10_000, 0.2):
+                if m.error() is not None:
+                    raise KafkaException(m.error())
+                if m.offset() < ends[m.partition()]:
+                    out.append(m)
             for tp in c.position([TopicPartition(topic, p) for p in remaining]):
-                if tp.offset >= highs[tp.partition]:
+                if tp.offset >= ends[tp.partition]:
                     remaining.discard(tp.partition)
+            if remaining and time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} partitions {sorted(remaining)[:5]} did not reach their end within "
+                                   f"{timeout_s}s")
         return out
     finally:
         c.close()
 
 
-def read_partition(cluster: Cluster, topic: str, partition: int, start: int, group: str,
-                   idle_timeout: float = 2.0) -> list[Message]:
-    return read_partitions(cluster, topic, {partition: start}, group, idle_timeout)
+def read_partition(cluster: Cluster, topic: str, partition: int, start: int, group: str) -> list[Message]:
+    return read_partitions(cluster, topic, {partition: start}, group)
 
 
 def wait_for_broker(cluster: Cluster, log: Any, give_up_after: float | None = None) -> None:

@@ -20,8 +20,7 @@ def latest_heartbeats(job: JobSettings, cluster: kafka.Cluster, window_s: float 
     finally:
         c.close()
     beats: dict[str, control.Heartbeat] = {}
-    for m in kafka.read_partition(cluster, job.control_topic, 0, max(start, 0), f"{job.consumer_group}-status",
-                                  idle_timeout=1.0):
+    for m in kafka.read_partition(cluster, job.control_topic, 0, max(start, 0), f"{job.consumer_group}-status"):
         msg = control.decode_control(m.value())
         if isinstance(msg, control.Heartbeat):
             beats[msg.worker] = msg

@@ -123,41 +123,16 @@ class KafkaReader(DataSourceReader):
 
 
 def _end_offsets(cluster: Cluster, isolation: str, topics: list[str], timeout_s: float) -> dict[tuple[str, int], int]:
-    """End offset of every partition, as the brokers' fetch responses state it.
+    """End offset of every partition of `topics`, as the brokers' fetch responses state it
+    (services.kafka.end_offsets: the true end on Tansu too)."""
+    from streamjoin.services.kafka import end_offsets
 
-    Not ListOffsets: Tansu answers that with the last batch's base offset + 1,
-    which would cut off the rest of that batch. Fetching from the ListOffsets
-    answer and waiting for each partition's end-of-partition event gives the
-    true high watermark (the last stable offset under read_committed) on any
-    broker, at the cost of one small fetch per partition.
-    """
-    from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
-
-    c = cluster.consumer(f"streamjoin-plan-{uuid.uuid4().hex}",
-                         **{"isolation.level": isolation, "enable.partition.eof": True})
-    try:
-        metadata = c.list_topics(timeout=30).topics
-        wanted = []
-        for topic in topics:
-            if topic not in metadata or metadata[topic].error is not None:
-                raise ValueError(f"topic {topic!r} does not exist on {cluster.bootstrap}")
-            wanted += [TopicPartition(topic, p, OFFSET_END) for p in sorted(metadata[topic].partitions)]
-        c.assign(wanted)
-        ends: dict[tuple[str, int], int] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(ends) < len(wanted):
-            for m in c.consume(num_messages=_CHUNK, timeout=0.2):
-                err = m.error()
-                if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                    ends.setdefault((m.topic(), m.partition()), m.offset())
-                elif err is not None:
-                    raise KafkaException(err)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no end of partition from {cluster.bootstrap} within {timeout_s}s for "
-                                   f"{len(wanted) - len(ends)} of {len(wanted)} partitions of {topics}")
-        return ends
-    finally:
-        c.close()
+    metadata = cluster.admin().list_topics(timeout=30).topics
+    missing = [t for t in topics if t not in metadata or metadata[t].error is not None]
+    if missing:
+        raise ValueError(f"topics {missing} do not exist on {cluster.bootstrap}")
+    partitions = [(t, p) for t in topics for p in sorted(metadata[t].partitions)]
+    return end_offsets(cluster, partitions, f"streamjoin-plan-{uuid.uuid4().hex}", isolation, timeout_s)
 
 
 def _start_offsets(cluster: Cluster, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:

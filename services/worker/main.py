@@ -24,7 +24,7 @@ from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of, routing_for
 from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import GroupBatch, join_plan, run_cycle
-from streamjoin.services.worker.recovery import recover_group
+from streamjoin.services.worker.recovery import recover_groups
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import JobSettings
@@ -137,9 +137,8 @@ class Worker:
             self.consumer.incremental_unassign(self._partitions(removed))
             for g in removed:
                 self.store.forget(g)
-        for g in sorted(added):
-            self.skip_dead[g] = self._recover_until_done(g)
         if added:
+            self.skip_dead.update(self._recover_until_done(added))
             assigned = self._partitions(added, from_checkpoint=True)
             self.consumer.incremental_assign(assigned)
             self.committed.update({(tp.topic, tp.partition): tp.offset for tp in assigned if tp.offset >= 0})
@@ -238,21 +237,22 @@ class Worker:
         """A cycle failed after its groups' windows changed in memory: rebuild them from RocksDB + Kafka."""
         for g in groups:
             self.store.forget(g)
-        for g in sorted(groups):
-            self.skip_dead[g] = self._recover_until_done(g)
-            for tp in self._partitions({g}, from_checkpoint=True):
-                self.consumer.seek(tp)  # OFFSET_BEGINNING too: the failed cycle may have read there
+        self.skip_dead.update(self._recover_until_done(groups))
+        for tp in self._partitions(groups, from_checkpoint=True):
+            self.consumer.seek(tp)  # OFFSET_BEGINNING too: the failed cycle may have read there
 
-    def _recover_until_done(self, group: int) -> set[tuple[str, int, int]]:
-        """Recovery reads Kafka; while the broker is away, wait for it and try again."""
+    def _recover_until_done(self, groups: set[int]) -> dict[int, set[tuple[str, int, int]]]:
+        """Recovery reads Kafka; while the broker is away, wait for it and try again. Returns
+        per group the dead letters an attempt that never committed already wrote."""
         while True:
             try:
-                return recover_group(self.job, self.cluster, self.plan, self.store, self.emitter, self.consumer,
-                                     self.routings, group).dead_letters_written
-            except KafkaException as e:
-                log.warning("recovery interrupted by the broker; retrying", group=group, error=str(e))
+                return recover_groups(self.job, self.cluster, self.plan, self.store, self.emitter, self.consumer,
+                                      self.routings, sorted(groups))
+            except (KafkaException, TimeoutError) as e:
+                log.warning("recovery interrupted by the broker; retrying", groups=len(groups), error=str(e))
                 self.emitter.abort()
-                self.store.forget(group)
+                for g in groups:
+                    self.store.forget(g)
                 kafka.wait_for_broker(self.cluster, log)
 
     def _observe(self, batches: list[GroupBatch], seconds: float) -> None:

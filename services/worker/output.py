@@ -186,6 +186,27 @@ class Emitter:
                 consumer.commit(offsets=offsets, asynchronous=False)
         self.deliveries.check()
 
+    def rewrite(self, results: Block, group: int, consumer: Consumer, offsets: list[TopicPartition]) -> None:
+        """Write a replayed batch's missing `results` for `group`, then commit its input `offsets`.
+
+        The batch is decided already (its commit record is in the commits topic), so its
+        offsets need no transaction: they are committed directly once the results are in,
+        and a batch with nothing missing opens no transaction at all. Offsets sent in a
+        transaction without records are what Tansu 0.6 drops (measured: the group's offset
+        stayed behind, and a drained partition showed lag for good)."""
+        self.deliveries.clear()
+        if len(results):
+            if self.transactional:
+                self.producer.begin_transaction()
+            self.results.write(results, group=group)
+            if self.transactional:
+                _retry(lambda: self.producer.commit_transaction(60))
+            else:
+                flush(self.producer, self.deliveries)
+            self.deliveries.check()
+        if offsets:
+            consumer.commit(offsets=offsets, asynchronous=False)
+
     def abort(self) -> None:
         if self.transactional:
             try:

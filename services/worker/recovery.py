@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -24,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from streamjoin.engine.block import Block
 from streamjoin.engine.window_join import JoinPlan
-from streamjoin.schemas import result_codec
+from streamjoin.schemas.result_codec import decode_results, result_layout
 from streamjoin.schemas.results import (H_OFFSET, H_PARTITION, H_TOPIC, RESULT_ID_HI, RESULT_ID_LO, BatchCommit,
                                         decode_commit, decode_headers)
 from streamjoin.services import kafka, metrics
@@ -37,22 +36,30 @@ from streamjoin.settings import JobSettings
 log = logging.getLogger("streamjoin.worker.recovery")
 
 
-@dataclass
-class Recovered:
-    dead_letters_written: set[tuple[str, int, int]]  # (input topic, partition, offset)
-    replayed: int
-
-
-def recover_group(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: WindowedStore, emitter: Emitter,
-                  consumer: Consumer, routings: Sequence[Routing], group: int) -> Recovered:
-    """Replay the batches committed but not checkpointed; report dead letters already written.
+def recover_groups(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: WindowedStore,
+                   emitter: Emitter, consumer: Consumer, routings: Sequence[Routing],
+                   groups: Sequence[int]) -> dict[int, set[tuple[str, int, int]]]:
+    """Replay each group's batches committed but not checkpointed; return, per group, the dead
+    letters already written past its checkpoint, (input topic, partition, offset) each.
 
     `consumer` is the worker's input consumer (its group metadata goes into the transaction
-    that commits a replayed batch's offsets); `routings[i]` as for run_cycle."""
+    that commits a replayed batch's offsets); `routings[i]` as for run_cycle. The commits,
+    results and dead-letter partitions of all `groups` are each read in one pass."""
+    checkpoints = {g: store.get(g).checkpoint for g in groups}
+    commits = _commits_after(job, cluster, {g: (ck.commits_next, ck.seq) for g, ck in checkpoints.items()})
+    behind = [g for g in groups if commits[g]]
+    present = _results_present(job, cluster, {g: checkpoints[g].results_next for g in behind})
+    for g in behind:
+        _replay(job, cluster, plan, store, emitter, consumer, routings, g, commits[g], *present[g])
+    return _dead_letters_written(job, cluster, {g: store.get(g).checkpoint.dead_letter_next for g in groups})
+
+
+def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: WindowedStore, emitter: Emitter,
+            consumer: Consumer, routings: Sequence[Routing], group: int, commits: list[tuple[BatchCommit, int]],
+            present: set[tuple[int, int]], results_end: int) -> None:
+    """Replay `commits` (the group's batches past its checkpoint, with their offsets), writing the
+    results missing from `present` (ids already in the results partition, which ends at `results_end`)."""
     state = store.get(group)
-    ck = state.checkpoint
-    commits = _commits_after(job, cluster, group, ck.commits_next, ck.seq)
-    present, results_end = _results_present(job, cluster, group, ck.results_next) if commits else (set(), 0)
     for commit, commit_offset in commits:
         if commit.seq != state.checkpoint.seq + 1:
             raise RuntimeError(
@@ -64,11 +71,7 @@ def recover_group(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, stor
             raise RuntimeError(f"group {group}: replay of batch {commit.seq} did not reach its recorded boundary")
         batch = replayed[0]
         missing = _not_in(batch.results, present)
-        emitter.deliveries.clear()
-        if emitter.transactional:
-            emitter.producer.begin_transaction()
-        emitter.results.write(missing, group=group)
-        emitter.commit(consumer, _offsets(commit.end))
+        emitter.rewrite(missing, group, consumer, _offsets(commit.end))
         written = emitter.deliveries.newest.get((job.results_topic, group))
         results_end = max(results_end, written + 1 if written is not None else 0)
         batch.state.checkpoint = batch.state.checkpoint.model_copy(update={
@@ -80,29 +83,34 @@ def recover_group(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, stor
         metrics.RECOVERED_BATCHES.inc()
         log.info("group %d: replayed batch %d (%d of its %d results were missing)", group, batch.seq, len(missing),
                  len(batch.results))
-    written = _dead_letters_written(job, cluster, group, store.get(group).checkpoint.dead_letter_next)
-    return Recovered(written, len(commits))
 
 
-def _commits_after(job: JobSettings, cluster: kafka.Cluster, group: int, start: int,
-                   applied_seq: int) -> list[tuple[BatchCommit, int]]:
-    """The group's batch commits past its checkpoint, with their offsets, in batch order."""
-    found: dict[int, tuple[BatchCommit, int]] = {}
-    for m in kafka.read_partition(cluster, job.commits_topic, group, start, f"{job.consumer_group}-recovery"):
+def _commits_after(job: JobSettings, cluster: kafka.Cluster,
+                   since: dict[int, tuple[int, int]]) -> dict[int, list[tuple[BatchCommit, int]]]:
+    """Per group, its batch commits past its checkpoint (`since[g]` = (commits offset, batch
+    applied)), with their offsets, in batch order."""
+    found: dict[int, dict[int, tuple[BatchCommit, int]]] = {g: {} for g in since}
+    starts = {g: offset for g, (offset, _) in since.items()}
+    for m in kafka.read_partitions(cluster, job.commits_topic, starts, f"{job.consumer_group}-recovery"):
         commit = decode_commit(m.value())
-        if isinstance(commit, BatchCommit) and commit.group == group and commit.seq > applied_seq:
-            found.setdefault(commit.seq, (commit, m.offset()))  # a retried write of the same commit: first wins
-    return [found[s] for s in sorted(found)]
+        g = m.partition()
+        if isinstance(commit, BatchCommit) and commit.group == g and commit.seq > since[g][1]:
+            found[g].setdefault(commit.seq, (commit, m.offset()))  # a retried write of the same commit: first wins
+    return {g: [batches[s] for s in sorted(batches)] for g, batches in found.items()}
 
 
-def _results_present(job: JobSettings, cluster: kafka.Cluster, group: int,
-                     start: int) -> tuple[set[tuple[int, int]], int]:
-    """Ids of the results in the group's results partition from `start` on, and the offset after them."""
-    records = kafka.read_partition(cluster, job.results_topic, group, start, f"{job.consumer_group}-recovery")
-    decoded = result_codec.decode_results(result_codec.result_layout(job), job.output.format,
-                                          [m.value() for m in records])
-    ids = set(zip(decoded.columns[RESULT_ID_HI].tolist(), decoded.columns[RESULT_ID_LO].tolist()))
-    return ids, (records[-1].offset() + 1 if records else start)
+def _results_present(job: JobSettings, cluster: kafka.Cluster,
+                     starts: dict[int, int]) -> dict[int, tuple[set[tuple[int, int]], int]]:
+    """Per group: ids of the results in its results partition from `starts[g]` on, and the offset after them."""
+    records = kafka.read_partitions(cluster, job.results_topic, starts, f"{job.consumer_group}-recovery")
+    layout = result_layout(job)
+    out = {}
+    for g, start in starts.items():
+        mine = [m for m in records if m.partition() == g]
+        decoded = decode_results(layout, job.output.format, [m.value() for m in mine])
+        ids = set(zip(decoded.columns[RESULT_ID_HI].tolist(), decoded.columns[RESULT_ID_LO].tolist()))
+        out[g] = (ids, mine[-1].offset() + 1 if mine else start)
+    return out
 
 
 def _not_in(results: Block, present: set[tuple[int, int]]) -> Block:
@@ -144,10 +152,10 @@ def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: di
         c.close()
 
 
-def _dead_letters_written(job: JobSettings, cluster: kafka.Cluster, group: int,
-                          start: int) -> set[tuple[str, int, int]]:
-    out = set()
-    for m in kafka.read_partition(cluster, job.dead_letter_topic, group, start, f"{job.consumer_group}-recovery"):
+def _dead_letters_written(job: JobSettings, cluster: kafka.Cluster,
+                          starts: dict[int, int]) -> dict[int, set[tuple[str, int, int]]]:
+    out: dict[int, set[tuple[str, int, int]]] = {g: set() for g in starts}
+    for m in kafka.read_partitions(cluster, job.dead_letter_topic, starts, f"{job.consumer_group}-recovery"):
         h = decode_headers(m.headers())
-        out.add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
+        out[m.partition()].add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
     return out

@@ -25,10 +25,11 @@ def stream(name: str, window: dict) -> dict:
             "key_fields": ["k"], "window": window}
 
 
-def make_job(bootstrap: str, tmp_path: Path, windows: list[dict], workers: int, **extra: object) -> JobSettings:
+def make_job(bootstrap: str, tmp_path: Path, windows: list[dict], workers: int, partitions: int = 60,
+             **extra: object) -> JobSettings:
     worker = {"state_dir": str(tmp_path / "state"), "batch_ms": 100, "heartbeat_ms": 500} | dict(
         extra.pop("worker", {}))  # type: ignore[arg-type]
-    return load(None, job="it", bootstrap=bootstrap, partitions=60,
+    return load(None, job="it", bootstrap=bootstrap, partitions=partitions,
                 streams=[stream(n, w) for n, w in zip("rst", windows)], worker=worker,
                 coordinator={"expected_workers": workers, "heartbeat_timeout_ms": 5000}, **extra)
 

@@ -14,7 +14,7 @@ from streamjoin.schemas.result_codec import decode_results, result_layout
 from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, decode_commit, decode_headers
 from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
-from streamjoin.topology.partitioner import key_bytes
+from streamjoin.topology.partitioner import key_bytes, partition_for
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ def check(job: JobSettings, bootstrap: str) -> Check:
     final_wm: dict[int, int] = {}
     for c in commits(job, bootstrap):
         final_wm[c.group] = max(final_wm.get(c.group, c.watermark), c.watermark)
-    expected = reference_join(streams, windows, final_wm if job.emits_on_watermark else None)
+    expected = reference_join(streams, windows, final_wm if job.emits_on_watermark else None,
+                              group_of=lambda t: partition_for(key_bytes(t.key), job.partitions))
     counts = Counter(produced)
     return Check(
         expected=len(expected), results=len(produced), missing=len(expected - set(counts)),

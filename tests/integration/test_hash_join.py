@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import threading
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import snapshot
-from streamjoin.launcher import wait_drained
+from streamjoin.launcher import input_end_offsets, wait_drained
+from streamjoin.schemas.results import BatchCommit
 from tests.integration.conftest import make_job
-from tests.integration.kafka_harness import Row, check, produce
+from tests.integration.kafka_harness import Row, check, commits, produce
 
 pytestmark = pytest.mark.integration
 
@@ -101,6 +106,39 @@ def test_worker_killed_and_restarted_stays_exact(broker, fleet_for, tmp_path) ->
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 5000
+
+
+def test_worker_with_its_disk_gone_rebuilds_from_kafka(broker, fleet_for, tmp_path) -> None:
+    """A worker whose RocksDB is gone replays every batch the commits topic holds, each with
+    nothing missing, and must commit each one's input offsets again: the group's offsets are
+    rewound first, so a replay whose offsets do not land leaves the input undrained."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4)
+    fleet = fleet_for(job, 1)
+    rows = rows_out_of_order("rs", 3000, 50, seed=8)
+    for half in (rows[:1500], rows[1500:]):  # two batches at least per group
+        produce(job, broker.bootstrap, half)
+        wait_drained(job, broker.bootstrap, fleet, timeout=120)
+    batches = {(c.group, c.seq) for c in commits(job, broker.bootstrap) if isinstance(c, BatchCommit)}
+    assert len(batches) >= 2 * job.partitions
+    fleet.kill("w0", signal.SIGTERM)
+    shutil.rmtree(Path(job.worker.state_dir) / "w0")
+    ends = input_end_offsets(job, broker.bootstrap)
+    rewind = kafka.Cluster(broker.bootstrap).consumer(job.consumer_group)
+    rewind.commit(offsets=[TopicPartition(topic, p, 0) for topic, p in ends], asynchronous=False)
+    rewind.close()
+
+    fleet.start_worker("w0")
+    wait_drained(job, broker.bootstrap, fleet, timeout=120)
+    assert _metric(fleet.metrics_ports["w0"], "streamjoin_recovered_batches_total") == len(batches)
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 1000
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        samples = [line.split()[1] for line in response.read().decode().splitlines() if line.startswith(name + " ")]
+    return float(samples[0])
 
 
 def test_coordinator_restart_keeps_placement(broker, fleet_for, tmp_path) -> None:
