@@ -9,9 +9,10 @@ process.
 
 The worker the coordinator puts first in the ring is the head: it also reads
 every partition of the m source topics, merges them in event-time order by
-watermark (min over streams of the newest event time, minus the allowed
-lateness), sends records older than that to the dead-letter topic, and every
-`ring.round_ms` releases what the watermark lets go as one round.
+watermark (min over every source partition of the newest event time, minus the
+allowed lateness; idle partitions left out, engine/watermark.py), sends
+records older than that to the dead-letter topic, and every `ring.round_ms`
+releases what the watermark lets go as one round.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from streamjoin.engine.psp.messages import Message as RingMessage
 from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column, prefixed
 from streamjoin.engine.psp.slices import G, SSEQ
-from streamjoin.engine.window_join import NO_TIME
+from streamjoin.engine.watermark import InputClock
 from streamjoin.schemas import control, ring as wire
 from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.results import RoundRelease, dead_letter_headers
@@ -228,12 +229,12 @@ class RingHead:
         self.buffers: dict[int, RecordBuffer] = {}
         self.sequencer = Sequencer(m)
         self.pending = [_empty(b) for b in stream_templates(self.job)]
-        self.max_ts: list[int | None] = [None] * m
-        self.watermark = NO_TIME
+        self.clock = InputClock([len(parts) for parts in self.source_partitions], self.job.join.allowed_lateness_ms,
+                                self.job.join.idle_timeout_ms, _now_ms())
         self.offsets: dict[tuple[str, int], int] = {}
         self.loaded: set[int] = set()  # rounds in flight that carry tuples
         self.last_release = 0.0
-        self.paused: set[int] = set()  # streams whose intake waits for the rounds to catch up
+        self.paused: set[tuple[int, int]] = set()  # (stream, partition) whose intake waits for the rounds
         self.tuples_per_record: float | None = None  # latest decode's ratio (block records hold many)
         self.routing = routing_for(self.job, self.job.partitions)  # ring mode: no co-partitioning to check
 
@@ -256,9 +257,15 @@ class RingHead:
         self.loaded.discard(info.round)
         metrics.RING_ROUNDS.inc()
 
+    @property
+    def watermark(self) -> int:
+        return self.clock.watermark
+
     def tick(self) -> None:
         self._throttle()
         room = self._room()
+        if not room:
+            self.clock.hold(_now_ms())  # not reading: no partition's silence counts toward idleness
         for m in self.sources.consume(room, 0) if room else ():
             self._take(m)
         self._decode()
@@ -278,18 +285,18 @@ class RingHead:
         stay near worker.max_batch_records tuples and the head's memory stays bounded. A stream
         holding that many tuples is paused while it is ahead of the watermark (the consumer drops
         what it prefetched for it and resumes at the next offset), so the stream holding the
-        watermark back is the one read; it is never paused, or nothing could be released."""
-        cap = self.job.worker.max_batch_records
-        low = self._low_max_ts()
-        want = {i for i, b in enumerate(self.pending)
-                if len(b) >= cap and low is not None and self.max_ts[i] > low}  # type: ignore[operator]
-        for i in want ^ self.paused:
-            (self.sources.pause if i in want else self.sources.resume)(self.source_partitions[i])
+        watermark back is the one read; it is never paused, or nothing could be released.
+        Pausing is per source partition, as the watermark is: a stream's lagging partition keeps
+        being read while its partitions ahead wait. A paused partition is not idle."""
+        cap, now = self.job.worker.max_batch_records, _now_ms()
+        low = self.clock.low_newest(now)
+        want = {(i, p) for i, b in enumerate(self.pending) if len(b) >= cap and low is not None
+                for p in np.flatnonzero(self.clock.newest[i] > low).tolist()}
+        for i, p in want ^ self.paused:
+            (self.sources.pause if (i, p) in want else self.sources.resume)([self.source_partitions[i][p]])
+        for i, p in want:
+            self.clock.touch(i, np.array([p]), now)
         self.paused = want
-
-    def _low_max_ts(self) -> int | None:
-        known = [t for t in self.max_ts if t is not None]
-        return min(known) if len(known) == len(self.max_ts) else None
 
     def _room(self) -> int:
         """Records to take this tick (0: none): what keeps the held tuples near
@@ -302,7 +309,7 @@ class RingHead:
         held = sum(len(b) for b in self.pending)
         if held < cap:
             return max(1, int((cap - held) / self.tuples_per_record))
-        low = self._low_max_ts()
+        low = self.clock.low_newest(_now_ms())
         return 0 if low is not None and self._releasable(low) >= cap else 1
 
     def _releasable(self, low_max_ts: int) -> int:
@@ -332,9 +339,9 @@ class RingHead:
                 dead += late_records(self.job, i, -1, buf, block.filter(late), self.watermark)
             self._dead_letters(dead)
             fresh = block.filter(~late)
+            self.clock.touch(i, np.unique(np.asarray(buf.partitions, np.int64)), _now_ms())
             if len(fresh):
-                ts_max = int(fresh[TS].max())
-                self.max_ts[i] = ts_max if self.max_ts[i] is None else max(self.max_ts[i], ts_max)
+                self.clock.observe(i, fresh[PART].astype(np.int64), fresh[TS])
                 self.pending = concat_pending(self.pending, [fresh if k == i else _empty(p)
                                                              for k, p in enumerate(self.pending)])
         self.buffers = {}
@@ -348,16 +355,12 @@ class RingHead:
 
     def _release(self, handoff: dict[str, str] | None = None) -> None:
         self._decode()
-        if all(t is not None for t in self.max_ts):
-            wm = min(self.max_ts) - self.job.join.allowed_lateness_ms  # type: ignore[type-var]
-        else:
-            wm = self.watermark
-        wm = max(wm, self.watermark)
+        before = self.watermark
+        wm = self.clock.advance(_now_ms())
         released, self.pending = release_before(self.pending, wm)
         counts = tuple(self.sequencer.counts)
         tuples = self.sequencer.sequence(released)
-        info = self.planner.next_info(self.watermark, counts, wm, handoff, now_ms=int(time.time() * 1000))
-        self.watermark = wm
+        info = self.planner.next_info(before, counts, wm, handoff, now_ms=_now_ms())
         self.last_release = time.monotonic()
         if sum(len(b) for b in tuples):
             self.loaded.add(info.round)
@@ -387,6 +390,10 @@ def _pieces(msg: RingMessage) -> list[RingMessage]:
     parts = [rows.take(np.arange(a, b)) for a, b in zip(cuts, cuts[1:]) if b > a]
     key = "tuples" if isinstance(msg, Build) else "rows"
     return [dataclasses.replace(msg, **{key: part}) for part in parts]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _empty(block: Block) -> Block:
