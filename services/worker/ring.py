@@ -12,7 +12,20 @@ every partition of the m source topics, merges them in event-time order by
 watermark (min over every source partition of the newest event time, minus the
 allowed lateness; idle partitions left out, engine/watermark.py), sends
 records older than that to the dead-letter topic, and every `ring.round_ms`
-releases what the watermark lets go as one round.
+releases what the watermark lets go as one round. A round's RoundRelease goes
+to the commits topic once its End is back, every node having flushed its
+results before passing the End on: the release means "all written".
+
+Restarts are fenced (there is no ring crash recovery yet): hop and source
+consumers start from the beginning, so a restarted node would replay old
+messages into empty slices. Every node incarnation announces itself with a
+RingStart on the control topic and stamps its hop messages with it (the ring
+epoch); a node finding an earlier RingStart of its own id at start reports
+RingFailed and exits with RING_FENCED_EXIT instead of joining, hop messages of
+another incarnation than the recorded one are rejected, and every node that
+sees a RingFailed stops producing results (metric streamjoin_ring_failed, the
+heartbeat's ring_failed, `streamjoin status`). A failed delivery of any ring
+record fails the ring the same way.
 """
 
 from __future__ import annotations
@@ -20,28 +33,31 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
+import uuid
 from collections import deque
+from typing import Callable
 
 import numpy as np
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from streamjoin.engine.block import OFF, PART, TS, Block
 from streamjoin.engine.predicates import UDF_ERROR, compile_terms
 from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
-from streamjoin.engine.psp.messages import Build, Partial, Probe, RoundInfo
+from streamjoin.engine.psp.messages import Build, End, Partial, Probe, RoundInfo
 from streamjoin.engine.psp.messages import Message as RingMessage
 from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column, prefixed
 from streamjoin.engine.psp.slices import G, SSEQ
 from streamjoin.engine.watermark import InputClock
 from streamjoin.schemas import control, ring as wire
+from streamjoin.schemas.control import RING_FENCED_EXIT
 from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.results import RoundRelease, dead_letter_headers
 from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.processor import late_records
-from streamjoin.services.worker.output import Deliveries, ResultWriter
+from streamjoin.services.worker.output import Deliveries, ResultWriter, flush
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
@@ -83,6 +99,9 @@ class RingWorker:
         self.stopping = False
         self.metrics_url = ""
         self.dead_seen: set[tuple[int, int, int]] = set()
+        self.incarnation = uuid.uuid4().hex
+        self.incarnations: dict[str, str] = {}  # node -> the incarnation the ring started with
+        self.failed = ""  # why the ring stopped producing results; "" while it runs
 
     # ------------------------------------------------------------------ main
     def run(self) -> None:
@@ -91,19 +110,24 @@ class RingWorker:
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
         kafka.wait_for_broker(self.cluster, log)
         ensure_hop_topic(self.job, self.cluster, self.id)
+        self._announce()
         self.hop_in.assign([TopicPartition(self.job.hop_topic(self.id), 0, OFFSET_BEGINNING)])
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_BEGINNING)])
         self.health.ready, self.health.detail = True, "running"
-        log.info("ring worker started", worker=self.id, metrics=self.metrics_url)
+        log.info("ring worker started", worker=self.id, incarnation=self.incarnation, metrics=self.metrics_url)
         last_beat = 0.0
         while not self.stopping:
             self._poll_control()
             for m in self.hop_in.consume(500, 0.005 if self.head else 0.05):
-                if m.error() is None:
-                    self._handle(wire.decode(m.value(), m.headers()))
-            self._drain_local()
-            if self.head is not None:
-                self.head.tick()
+                if m.error() is not None:
+                    metrics.BROKER_ERRORS.labels(m.error().name()).inc()
+                elif self._current(*wire.epoch_of(m.headers())):
+                    self._guarded(self._handle, wire.decode(m.value(), m.headers()))
+            self._guarded(self._drain_local)
+            if self.head is not None and not self.failed:
+                self._guarded(self.head.tick)
+            if self.deliveries.errors and not self.failed:
+                self._fail("delivery", str(self.deliveries.errors[0]))
             if time.monotonic() - last_beat >= self.job.worker.heartbeat_ms / 1000:
                 self._heartbeat()
                 last_beat = time.monotonic()
@@ -115,11 +139,71 @@ class RingWorker:
     def stop(self) -> None:
         self.stopping = True
 
+    # ---------------------------------------------------------------- fencing
+    def _announce(self) -> None:
+        """Read the control topic to its end; if this node id started before in this job, report
+        the ring failed and exit with RING_FENCED_EXIT, else record this incarnation (RingStart)."""
+        while self.job.control_topic not in self.cluster.admin().list_topics(timeout=30).topics:
+            time.sleep(0.5)  # the coordinator creates it
+        for m in kafka.read_partition(self.cluster, self.job.control_topic, 0, 0, f"{self.job.consumer_group}-{self.id}-fence"):
+            msg = control.decode_control(m.value())
+            if isinstance(msg, control.RingStart):
+                self.incarnations.setdefault(msg.worker, msg.incarnation)
+        if self.id in self.incarnations:
+            self._fail("node-restarted", f"ring node {self.id} restarted (it started before as incarnation "
+                                         f"{self.incarnations[self.id]}); its slices are lost and ring crash recovery "
+                                         "does not exist yet: the ring stops producing results")
+            self.out.flush(30)
+            raise SystemExit(RING_FENCED_EXIT)
+        start = control.RingStart(worker=self.id, incarnation=self.incarnation)
+        self.out.produce(self.job.control_topic, value=control.encode(start), key=self.id.encode(), partition=0,
+                         on_delivery=self.deliveries.report)
+        flush(self.out, self.deliveries)
+        self.incarnations[self.id] = self.incarnation
+
+    def _current(self, node: str, incarnation: str) -> bool:
+        """Whether a hop record from `node`'s `incarnation` belongs to this ring: not when the
+        ring failed, nor when the ring started with another incarnation of that node."""
+        if self.failed:
+            return False
+        known = self.incarnations.get(node)
+        if known is None or known == incarnation:
+            return True
+        metrics.RING_STALE.inc()
+        self._fail("stale-epoch", f"a hop message from {node} incarnation {incarnation or '?'}; the ring runs with {known}")
+        return False
+
+    def _guarded(self, step: Callable[..., None], *args: object) -> None:
+        """Run a ring step; a failed delivery (raised by a flush) fails the ring."""
+        try:
+            step(*args)
+        except KafkaException as e:
+            self._fail("delivery", str(e))
+
+    def _fail(self, reason: str, detail: str) -> None:
+        """The ring stops producing results: counted, reported on the control topic (every node
+        stops), shown by the heartbeat and `streamjoin status`."""
+        if self.failed:
+            return
+        self.failed = reason
+        self.local.clear()
+        metrics.RING_FAILED.labels(reason).set(1)
+        self.health.detail = f"ring failed: {reason}"
+        log.error("ring failed: no more results", worker=self.id, reason=reason, detail=detail)
+        msg = control.RingFailed(worker=self.id, reason=reason, detail=detail, wall_ms=_now_ms())
+        self.out.produce(self.job.control_topic, value=control.encode(msg), key=self.id.encode(), partition=0,
+                         on_delivery=_count_failed_delivery)
+        self.out.poll(0)
+
     def _poll_control(self) -> None:
         for m in self.control_in.consume(100, 0):
             msg = control.decode_control(m.value()) if m.error() is None else None
             if isinstance(msg, control.RingLayout):
                 self._on_layout(msg)
+            elif isinstance(msg, control.RingStart):
+                self.incarnations.setdefault(msg.worker, msg.incarnation)
+            elif isinstance(msg, control.RingFailed) and not self.failed:
+                self._fail(msg.reason, f"reported by {msg.worker}: {msg.detail}")
 
     def _on_layout(self, msg: control.RingLayout) -> None:
         layout = tuple(msg.layout)
@@ -143,10 +227,21 @@ class RingWorker:
         self.send(out, msg)
 
     def send(self, out: Outbox, cause: RingMessage) -> None:
+        """Produce what handling `cause` made: results and dead letters first, then (an End
+        among them: after a checked flush, so a round's End travels only behind its written
+        results) the messages for the next node. Raises KafkaException on a failed delivery."""
+        if self.failed:
+            return
         info = cause.info if hasattr(cause, "info") else self.node.rounds.get(getattr(cause, "round", -1))
         for target, build in out.direct:  # handoffs must land before the next round: flush now
             self._produce(target, build)
-            self.out.flush(30)
+            flush(self.out, self.deliveries)
+        for block in out.results:
+            self._results(block, info)
+        for trigger, rows, detail in out.failures.entries:
+            self._udf_dead_letters(trigger, rows, detail)
+        if out.round_done is not None or any(isinstance(m, End) for m in out.to_next):
+            flush(self.out, self.deliveries)
         if out.to_next:
             nxt = info.next_of(self.id) if info is not None else self.id
             for msg in out.to_next:
@@ -154,10 +249,6 @@ class RingWorker:
                     self.local.append(msg)
                 else:
                     self._produce(nxt, msg)
-        for block in out.results:
-            self._results(block, info)
-        for trigger, rows, detail in out.failures.entries:
-            self._udf_dead_letters(trigger, rows, detail)
         if out.round_done is not None and self.head is not None:
             self.head.on_done(out.round_done)
         self.out.poll(0)
@@ -168,8 +259,9 @@ class RingWorker:
 
     def _produce(self, node: str, msg: RingMessage) -> None:
         for piece in _pieces(msg):
-            value, headers = wire.encode(piece)
-            self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0)
+            value, headers = wire.encode(piece, f"{self.id}:{self.incarnation}")
+            self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0,
+                             on_delivery=self.deliveries.report)
 
     def _results(self, block: Block, info: RoundInfo | None) -> None:
         if len(block):
@@ -178,7 +270,8 @@ class RingWorker:
                 metrics.RING_RESPONSE_SECONDS.observe_many((block["produced_ms"] - info.released_ms) / 1000.0)
 
     def release_record(self, info: RoundInfo) -> None:
-        """The round's release on the commits topic: inputs below its watermark are joined for good."""
+        """The round's release on the commits topic, once its End is back (every node flushed
+        its results first): all its results are written, inputs below its watermark are joined for good."""
         release = RoundRelease(node=self.id, round=info.round, watermark=info.watermark)
         self.out.produce(self.job.commits_topic, value=release.model_dump_json().encode(), key=self.id.encode(),
                          partition=0, on_delivery=self.deliveries.report)
@@ -194,7 +287,8 @@ class RingWorker:
             self.dead_seen.add((trigger, part, off))
             value = encode_block(rows.take(np.array([k])))
             self.out.produce(self.job.dead_letter_topic, value=value, partition=part % self.job.partitions,
-                             headers=dead_letter_headers(UDF_ERROR, detail, topic, part, off, -1, -1))
+                             headers=dead_letter_headers(UDF_ERROR, detail, topic, part, off, -1, -1),
+                             on_delivery=self.deliveries.report)
             metrics.DEAD_LETTER.labels(UDF_ERROR).inc()
 
     def _heartbeat(self) -> None:
@@ -206,8 +300,10 @@ class RingWorker:
             lag=self.head.lag() if self.head else 0,
             ring_layout=list(self.head.planner.layout) if self.head else [],
             ring_busy=self.head.busy if self.head else False,
-            ring_round=self.head.planner.next_round if self.head else 0)
-        self.out.produce(self.job.control_topic, value=control.encode(beat), key=self.id.encode(), partition=0)
+            ring_round=self.head.planner.next_round if self.head else 0, ring_failed=self.failed)
+        # A lost heartbeat is retried by the next one: counted, but it does not fail the ring.
+        self.out.produce(self.job.control_topic, value=control.encode(beat), key=self.id.encode(), partition=0,
+                         on_delivery=_count_failed_delivery)
         self.out.poll(0)
 
 
@@ -253,6 +349,8 @@ class RingHead:
         log.info("ring resize planned", layout=list(layout), relocation=self.job.ring.relocation)
 
     def on_done(self, info: RoundInfo) -> None:
+        """Round `info` is back: its results are all written (send flushed before), so release it."""
+        self.w.release_record(info)
         self.planner.on_done(info.round)
         self.loaded.discard(info.round)
         metrics.RING_ROUNDS.inc()
@@ -350,7 +448,8 @@ class RingHead:
         for d in dead:
             topic = self.job.topic_of(self.job.streams[d.stream])
             self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
-                               partition=d.partition % self.job.partitions, headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
+                               partition=d.partition % self.job.partitions, headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1),
+                               on_delivery=self.w.deliveries.report)
             metrics.DEAD_LETTER.labels(d.reason).inc()
 
     def _release(self, handoff: dict[str, str] | None = None) -> None:
@@ -368,7 +467,6 @@ class RingHead:
                 metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(b))
         probe = Probe(info, tuple(tuples))
         out = self.w.node.release(probe, int(time.time() * 1000))
-        self.w.release_record(info)
         self.w.send(out, probe)
         self._commit()
 
@@ -390,6 +488,12 @@ def _pieces(msg: RingMessage) -> list[RingMessage]:
     parts = [rows.take(np.arange(a, b)) for a, b in zip(cuts, cuts[1:]) if b > a]
     key = "tuples" if isinstance(msg, Build) else "rows"
     return [dataclasses.replace(msg, **{key: part}) for part in parts]
+
+
+def _count_failed_delivery(err: KafkaError | None, _msg: Message) -> None:
+    """Delivery report of a control record (heartbeat, RingFailed): a failure is counted."""
+    if err is not None:
+        metrics.BROKER_ERRORS.labels("control-delivery").inc()
 
 
 def _now_ms() -> int:
