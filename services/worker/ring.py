@@ -133,7 +133,7 @@ class RingWorker:
                 last_beat = time.monotonic()
         self.hop_in.close()
         self.control_in.close()
-        self.out.flush(10)
+        self._guarded(flush, self.out, self.deliveries)
         log.info("ring worker stopped", worker=self.id)
 
     def stop(self) -> None:
@@ -380,12 +380,11 @@ class RingHead:
 
     def _throttle(self) -> None:
         """Intake backpressure, so a backlog is taken as the rounds go, not all at once: rounds
-        stay near worker.max_batch_records tuples and the head's memory stays bounded. A stream
-        holding that many tuples is paused while it is ahead of the watermark (the consumer drops
-        what it prefetched for it and resumes at the next offset), so the stream holding the
-        watermark back is the one read; it is never paused, or nothing could be released.
-        Pausing is per source partition, as the watermark is: a stream's lagging partition keeps
-        being read while its partitions ahead wait. A paused partition is not idle."""
+        stay near worker.max_batch_records tuples and the head's memory stays bounded. While a
+        stream holds that many tuples, its source partitions ahead of the one holding the
+        watermark back are paused (the consumer drops what it prefetched for them and resumes at
+        the next offset). Pausing is per partition, as the watermark is: the partition holding
+        it back is never paused, or nothing could be released. A paused partition is not idle."""
         cap, now = self.job.worker.max_batch_records, _now_ms()
         low = self.clock.low_newest(now)
         want = {(i, p) for i, b in enumerate(self.pending) if len(b) >= cap and low is not None
