@@ -11,7 +11,9 @@ Two emission disciplines, both exact and independent of arrival order:
   watermark passes their time T, with the newest tuple as the trigger.
 
 Watermark of a group = min over streams of the newest event time seen, minus
-the allowed lateness. A tuple older than the watermark at the start of its
+the allowed lateness; streams the caller says are idle (join.idle_timeout_ms)
+are left out of the min, and a floor (the watermark a replayed batch recorded)
+reproduces a past idle decision exactly. A tuple older than the watermark at the start of its
 batch is late (dead-letter); state expires by watermark, never by the newest
 time seen, because topics interleave arbitrarily.
 """
@@ -80,8 +82,13 @@ def empty_window(plan: JoinPlan, templates: list[Block]) -> GroupWindow:
     return GroupWindow([t.take(np.empty(0, np.int64)) for t in templates], [NO_TIME] * len(plan.streams))
 
 
-def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_ms: int) -> BatchOutcome:
-    """Join one batch of new tuples into the group's window (mutates `window`)."""
+def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_ms: int,
+                  idle: frozenset[int] = frozenset(), floor: int = NO_TIME) -> BatchOutcome:
+    """Join one batch of new tuples into the group's window (mutates `window`).
+
+    `deltas`: per stream, the new tuples (may be empty: a batch with none still advances the
+    watermark when `idle` or `floor` say so); `idle`: streams left out of the watermark's min;
+    `floor`: the watermark after the batch is at least this."""
     wm_before = window.watermark
     accepted, late = [], []
     for d in deltas:
@@ -91,11 +98,11 @@ def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_
     if plan.on_watermark:
         for i, d in enumerate(accepted):
             window.state[i] = _merge(window.state[i], d)
-        _advance_watermark(plan, window, accepted)
+        _advance_watermark(plan, window, accepted, idle, floor)
         results = _emit_on_watermark(plan, window, wm_before, window.watermark, now_ms)
     else:
         results = _emit_eager(plan, window, accepted, now_ms)
-        _advance_watermark(plan, window, accepted)
+        _advance_watermark(plan, window, accepted, idle, floor)
     expire(plan, window)
     return BatchOutcome(results, late, wm_before, window.watermark, accepted)
 
@@ -106,12 +113,15 @@ def _merge(state: Block, delta: Block) -> Block:
     return sort_by_key_time(concat([state, delta])) if len(state) else delta
 
 
-def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block]) -> None:
+def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block], idle: frozenset[int],
+                       floor: int) -> None:
     for i, d in enumerate(accepted):
         if len(d):
             window.max_ts[i] = max(window.max_ts[i], int(d[TS].max()))
-    if min(window.max_ts) > NO_TIME:
-        window.watermark = max(window.watermark, min(window.max_ts) - plan.lateness_ms)
+    live = [t for i, t in enumerate(window.max_ts) if i not in idle]
+    if live and min(live) > NO_TIME:  # every stream idle: the watermark holds
+        window.watermark = max(window.watermark, min(live) - plan.lateness_ms)
+    window.watermark = max(window.watermark, floor)
 
 
 def expire(plan: JoinPlan, window: GroupWindow) -> None:

@@ -22,6 +22,7 @@ class Heartbeat(BaseModel):
     ring_layout: list[str] = Field(default_factory=list)  # ring head: the layout its rounds run on
     ring_busy: bool = False  # ring head: released tuples are still travelling the ring
     ring_round: int = 0
+    ring_failed: str = ""  # ring node: why the ring stopped producing results ("" while it runs)
 
 
 class RingLayout(BaseModel):
@@ -31,6 +32,32 @@ class RingLayout(BaseModel):
     layout: list[str]
     orders: list[list[int]]
     epoch: int
+
+
+# Exit status of a ring node that finds it was started before in this job: its slices are
+# gone and there is no ring crash recovery yet, so it reports RingFailed and does not join.
+# A supervisor restarting it gets the same answer (streamjoin.launcher.Fleet leaves it down).
+RING_FENCED_EXIT = 79
+
+
+class RingStart(BaseModel):
+    """Ring node -> everyone: this incarnation of `worker` starts. The first one recorded for a
+    worker is the ring's; a later one is a restart, which the ring cannot take back yet."""
+
+    type: Literal["ring-start"] = "ring-start"
+    worker: str
+    incarnation: str
+
+
+class RingFailed(BaseModel):
+    """Ring node -> everyone: the ring stops producing results (`reason`: node-restarted,
+    stale-epoch, delivery). Results written before it are exact; none are written after."""
+
+    type: Literal["ring-failed"] = "ring-failed"
+    worker: str
+    reason: str
+    detail: str = ""
+    wall_ms: int = 0
 
 
 class RingChange(BaseModel):
@@ -56,9 +83,9 @@ class Placement(BaseModel):
     epoch: int
 
 
-ControlMessage = Heartbeat | Assignment | RingLayout | RingChange
+ControlMessage = Heartbeat | Assignment | RingLayout | RingChange | RingStart | RingFailed
 _KINDS: dict[str, type[BaseModel]] = {"heartbeat": Heartbeat, "assignment": Assignment, "ring-layout": RingLayout,
-                                      "ring-change": RingChange}
+                                      "ring-change": RingChange, "ring-start": RingStart, "ring-failed": RingFailed}
 
 
 def encode(msg: BaseModel) -> bytes:

@@ -9,6 +9,8 @@ per stream, each prefixed by its length), the headers say what it is:
   sj-lap      end: which lap around the ring
   sj-origin, sj-trigger, sj-members   partial: who made it, the trigger stream,
               the streams joined so far (comma list, in probe order)
+  sj-epoch    every kind: `<sender node>:<its incarnation>`, the ring epoch a receiver
+              checks against the incarnation the ring started with (schemas/control.RingStart)
 """
 
 from __future__ import annotations
@@ -46,7 +48,20 @@ def _unpack(data: bytes) -> list[bytes]:
     return out
 
 
-def encode(msg: Message) -> tuple[bytes, Headers]:
+def encode(msg: Message, epoch: str) -> tuple[bytes, Headers]:
+    """`msg` as a hop record; `epoch`: the sender's `<node>:<incarnation>`."""
+    value, headers = _encode(msg)
+    return value, headers + [("sj-epoch", epoch.encode())]
+
+
+def epoch_of(headers: Headers | None) -> tuple[str, str]:
+    """(sender node, its incarnation) of a hop record; ("", "") for one without an epoch."""
+    raw = dict(headers or []).get("sj-epoch", b"").decode()
+    node, _, incarnation = raw.rpartition(":")
+    return node, incarnation
+
+
+def _encode(msg: Message) -> tuple[bytes, Headers]:
     if isinstance(msg, Build):
         return encode_block(msg.tuples), [("sj-kind", b"build"), ("sj-round", str(msg.round).encode()),
                                           ("sj-stream", str(msg.stream).encode())]

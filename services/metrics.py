@@ -82,6 +82,10 @@ RING_RESPONSE_SECONDS = BlockHistogram(
     "streamjoin_ring_response_seconds",
     "Ring mode: result produced minus the release of its round by the head (seed 004's response latency)",
     DELAY_BUCKETS, REGISTRY)
+RING_FAILED = Gauge("streamjoin_ring_failed", "1 once the ring stopped producing results, by reason "
+                    "(node-restarted, stale-epoch, delivery)", ["reason"], registry=REGISTRY)
+RING_STALE = Counter("streamjoin_ring_stale_messages", "Hop messages rejected: sent by another incarnation of "
+                     "their node than the ring started with", registry=REGISTRY)
 RING_ROUNDS = Counter("streamjoin_ring_rounds", "Rounds the ring head closed", registry=REGISTRY)
 RING_HANDLE_SECONDS = Histogram("streamjoin_ring_handle_seconds", "Time to handle one ring message",
                                 buckets=(.0005, .001, .005, .01, .05, .1, .5, 1, 5), registry=REGISTRY)

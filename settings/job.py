@@ -115,6 +115,11 @@ class JoinSpec(_Strict):
     mode: Literal["hash", "ring"] = Field(
         default="hash", description="hash: partition groups by key (seeds 000/003); ring: PSP time slices (seed 004)")
     allowed_lateness_ms: int = Field(default=2000, ge=0)
+    idle_timeout_ms: int | None = Field(
+        default=None, ge=0,
+        description="an input (ring: source partition; hash: a group's stream) with no record for this long stops "
+                    "holding the watermark back, so the others make progress; a record arriving on it later behind "
+                    "the watermark is dead-lettered as late. None or 0: off (wait for every input, exact)")
     predicate: list[PredicateTerm] = Field(
         default_factory=list, description="ring mode: ANDed terms (equality, band, UDF); hash mode joins on keys")
     udfs: dict[str, str] = Field(default_factory=dict, description="UDF name -> 'module:callable'")

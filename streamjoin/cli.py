@@ -194,6 +194,9 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
         table.add_row(w["worker"], "yes" if w["alive"] else "NO", str(len(w["held_groups"])), str(w["lag"]), mb,
                       str(w["state_tuples"]))
     Console().print(table)
+    if snap["ring_failed"]:
+        Console().print(f"[red]ring failed ({snap['ring_failed']}): it produces no more results; "
+                        "restart the job on fresh topics[/red]")
 
 
 def _name_spark_log() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 from confluent_kafka import TopicPartition
 
+from streamjoin.schemas.control import RING_FENCED_EXIT
 from streamjoin.services import kafka
 from streamjoin.services.broker import free_port
 from streamjoin.services.coordinator.status import latest_heartbeats
@@ -97,9 +98,11 @@ class Fleet:
                     proc.kill()
 
     def supervise(self) -> None:
-        """Restart workers that exited on their own (called from the waiting loops)."""
+        """Restart workers that exited on their own (called from the waiting loops); not a ring
+        node that exited with RING_FENCED_EXIT (it would only be fenced again)."""
         for name, proc in list(self.procs.items()):
-            if proc.poll() is not None and name != "coordinator" and self.restart_workers:
+            if (proc.poll() is not None and name != "coordinator" and self.restart_workers
+                    and proc.returncode != RING_FENCED_EXIT):
                 self.restarts += 1
                 self.start_worker(name)
 

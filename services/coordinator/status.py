@@ -1,4 +1,5 @@
-"""`streamjoin status`: the placement and each worker's latest heartbeat."""
+"""`streamjoin status`: the placement and each worker's latest heartbeat; for a ring job,
+whether the ring failed (a node restarted, a stale epoch, a failed delivery) and why."""
 
 from __future__ import annotations
 
@@ -43,5 +44,8 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
             "lag": b.lag if b else None,
             "state_bytes": b.state_bytes if b else None,
             "state_tuples": b.state_tuples if b else None,
+            "ring_failed": b.ring_failed if b else None,
         })
-    return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "workers": rows}
+    failed = sorted({b.ring_failed for b in beats.values() if b.ring_failed})
+    return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "workers": rows,
+            "ring_failed": ", ".join(failed)}

@@ -62,6 +62,8 @@ class Worker:
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int, int]]] = {}
         self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
+        self.heard: dict[int, np.ndarray] = {}  # group -> per stream, wall ms of its last record (or of assignment)
+        self.idle_seen: dict[int, frozenset[int]] = {}  # group -> its idle streams at its last batch
         self.health = metrics.HealthState()
         self.stopping = False
         self.metrics_url = ""
@@ -84,7 +86,7 @@ class Worker:
             self._poll_control()
             self._take(self.consumer.consume(self.job.worker.max_batch_records, self.job.worker.batch_ms / 4000))
             now = time.monotonic()
-            if self.pending and (now - last_cycle) * 1000 >= self.job.worker.batch_ms:
+            if (self.pending or self.job.join.idle_timeout_ms) and (now - last_cycle) * 1000 >= self.job.worker.batch_ms:
                 self._cycle()
                 last_cycle = now
             if (now - last_beat) * 1000 >= self.job.worker.heartbeat_ms:
@@ -137,11 +139,15 @@ class Worker:
             self.consumer.incremental_unassign(self._partitions(removed))
             for g in removed:
                 self.store.forget(g)
+                self.heard.pop(g, None)
+                self.idle_seen.pop(g, None)
         if added:
             self.skip_dead.update(self._recover_until_done(added))
             assigned = self._partitions(added, from_checkpoint=True)
             self.consumer.incremental_assign(assigned)
             self.committed.update({(tp.topic, tp.partition): tp.offset for tp in assigned if tp.offset >= 0})
+            now_ms = int(time.time() * 1000)
+            self.heard.update({g: np.full(len(self.job.streams), now_ms, np.int64) for g in added})
         self.groups = wanted
         metrics.GROUPS.set(len(wanted))
         log.info("assignment applied", groups=len(wanted), added=len(added), removed=len(removed))
@@ -183,8 +189,12 @@ class Worker:
     def _cycle(self) -> None:
         started = time.perf_counter()
         now_ms = int(time.time() * 1000)
+        idle, woken = self._idle(now_ms)
+        if not self.pending and not woken:
+            return
         self._advance_to_consumer_positions()
-        batches = run_cycle(self.job, self.plan, self.store, self.pending, self.routings, now_ms)
+        batches = run_cycle(self.job, self.plan, self.store, self.pending, self.routings, now_ms, idle, woken)
+        self.idle_seen.update({b.group: idle.get(b.group, frozenset()) for b in batches})
         self.pending = {}
         offsets = self._next_offsets(batches)
         try:
@@ -202,6 +212,23 @@ class Worker:
         tx.commit()
         self._observe(batches, time.perf_counter() - started)
         self.store.evict_cold(keep=set())
+
+    def _idle(self, now_ms: int) -> tuple[dict[int, frozenset[int]], list[int]]:
+        """join.idle_timeout_ms: per owned group, its streams with no record for that long, and
+        the groups without pending records whose idle streams changed since their last batch
+        (a newly idle stream may let their watermark move: they get a batch of no records)."""
+        idle_ms = self.job.join.idle_timeout_ms
+        if not idle_ms or not self.heard:
+            return {}, []
+        for i, buf in self.pending.items():
+            for g in buf.positions:
+                self.heard[g][i] = now_ms
+        groups = sorted(self.heard)
+        silent = now_ms - np.stack([self.heard[g] for g in groups]) >= idle_ms
+        idle = {g: frozenset(np.flatnonzero(row).tolist()) for g, row in zip(groups, silent) if row.any()}
+        busy = {g for buf in self.pending.values() for g in buf.positions}
+        woken = [g for g in groups if g not in busy and idle.get(g, frozenset()) != self.idle_seen.get(g, frozenset())]
+        return idle, woken
 
     def _commit_skipped_markers(self) -> None:
         """Commit positions that moved past transaction commit markers alone.

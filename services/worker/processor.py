@@ -5,12 +5,12 @@ live processing and recovery replay, which is what makes replay exact."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
 from streamjoin.engine.block import OFF, PART, Block
-from streamjoin.engine.window_join import JoinPlan, StreamPlan, process_batch
+from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, process_batch
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block, keys_are_exact
 from streamjoin.services.worker.intake import DeadRecord, Forward, GroupSlice, RecordBuffer, Routing, decode_by_group
 from streamjoin.state.checkpoint import merge_positions
@@ -41,10 +41,15 @@ def join_plan(job: JobSettings) -> JoinPlan:
 
 
 def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: dict[int, RecordBuffer],
-              routings: Sequence[Routing], now_ms: int) -> list[GroupBatch]:
-    """Every group with records in `buffers` (per stream), in group order; `routings[i]` says
-    how stream i's tuples reach their groups."""
-    groups = sorted({g for buf in buffers.values() for g in buf.positions})
+              routings: Sequence[Routing], now_ms: int, idle: Mapping[int, frozenset[int]] | None = None,
+              extra: Collection[int] = (), floors: Mapping[int, int] | None = None) -> list[GroupBatch]:
+    """Every group with records in `buffers` (per stream), and every group in `extra` (a batch
+    without records: an idle stream lets its watermark move), in group order.
+
+    `routings[i]` says how stream i's tuples reach their groups; `idle[g]`, the streams of
+    group g left out of its watermark (join.idle_timeout_ms); `floors[g]`, a watermark group g's
+    batch reaches at least (recovery replays a batch's recorded watermark with it)."""
+    groups = sorted({g for buf in buffers.values() for g in buf.positions} | set(extra))
     states = {g: store.get(g) for g in groups}
     slices: dict[int, dict[int, GroupSlice]] = {}
     for i, buf in buffers.items():
@@ -53,14 +58,20 @@ def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: d
             routed = {g: s.checkpoint.routed.get(name, {}) for g, s in states.items()}
             for g, sl in decode_by_group(job, i, buf, routings[i], routed).items():
                 slices.setdefault(g, {})[i] = sl
-    return [run_group_batch(job, plan, store, states[g], g, slices[g], buffers, now_ms) for g in sorted(slices)]
+    idle, floors = idle or {}, floors or {}
+    return [run_group_batch(job, plan, store, states[g], g, slices.get(g, {}), buffers, now_ms,
+                            idle.get(g, frozenset()), floors.get(g, NO_TIME))
+            for g in sorted(set(slices) | set(extra))]
 
 
 def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, state: GroupState, group: int,
-                    slices: dict[int, GroupSlice], buffers: dict[int, RecordBuffer], now_ms: int) -> GroupBatch:
+                    slices: dict[int, GroupSlice], buffers: dict[int, RecordBuffer], now_ms: int,
+                    idle: frozenset[int] = frozenset(), floor: int = NO_TIME) -> GroupBatch:
+    """One batch of `group`: `slices` its decoded tuples per stream (none: an idle-driven
+    batch); `idle` and `floor` as for process_batch."""
     seq = state.checkpoint.seq + 1
     deltas = [_tag(slices[i].block if i in slices else store.templates[i], seq) for i in range(len(job.streams))]
-    outcome = process_batch(plan, state.window, deltas, now_ms)
+    outcome = process_batch(plan, state.window, deltas, now_ms, idle, floor)
     dead = [d for sl in slices.values() for d in sl.dead]
     for i, late in enumerate(outcome.late):
         if len(late):

@@ -9,9 +9,23 @@ process.
 
 The worker the coordinator puts first in the ring is the head: it also reads
 every partition of the m source topics, merges them in event-time order by
-watermark (min over streams of the newest event time, minus the allowed
-lateness), sends records older than that to the dead-letter topic, and every
-`ring.round_ms` releases what the watermark lets go as one round.
+watermark (min over every source partition of the newest event time, minus the
+allowed lateness; idle partitions left out, engine/watermark.py), sends
+records older than that to the dead-letter topic, and every `ring.round_ms`
+releases what the watermark lets go as one round. A round's RoundRelease goes
+to the commits topic once its End is back, every node having flushed its
+results before passing the End on: the release means "all written".
+
+Restarts are fenced (there is no ring crash recovery yet): hop and source
+consumers start from the beginning, so a restarted node would replay old
+messages into empty slices. Every node incarnation announces itself with a
+RingStart on the control topic and stamps its hop messages with it (the ring
+epoch); a node finding an earlier RingStart of its own id at start reports
+RingFailed and exits with RING_FENCED_EXIT instead of joining, hop messages of
+another incarnation than the recorded one are rejected, and every node that
+sees a RingFailed stops producing results (metric streamjoin_ring_failed, the
+heartbeat's ring_failed, `streamjoin status`). A failed delivery of any ring
+record fails the ring the same way.
 """
 
 from __future__ import annotations
@@ -19,28 +33,31 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
+import uuid
 from collections import deque
+from typing import Callable
 
 import numpy as np
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from streamjoin.engine.block import OFF, PART, TS, Block
 from streamjoin.engine.predicates import UDF_ERROR, compile_terms
 from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
-from streamjoin.engine.psp.messages import Build, Partial, Probe, RoundInfo
+from streamjoin.engine.psp.messages import Build, End, Partial, Probe, RoundInfo
 from streamjoin.engine.psp.messages import Message as RingMessage
 from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column, prefixed
 from streamjoin.engine.psp.slices import G, SSEQ
-from streamjoin.engine.window_join import NO_TIME
+from streamjoin.engine.watermark import InputClock
 from streamjoin.schemas import control, ring as wire
+from streamjoin.schemas.control import RING_FENCED_EXIT
 from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.results import RoundRelease, dead_letter_headers
 from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.processor import late_records
-from streamjoin.services.worker.output import Deliveries, ResultWriter
+from streamjoin.services.worker.output import Deliveries, ResultWriter, flush
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
@@ -82,6 +99,9 @@ class RingWorker:
         self.stopping = False
         self.metrics_url = ""
         self.dead_seen: set[tuple[int, int, int]] = set()
+        self.incarnation = uuid.uuid4().hex
+        self.incarnations: dict[str, str] = {}  # node -> the incarnation the ring started with
+        self.failed = ""  # why the ring stopped producing results; "" while it runs
 
     # ------------------------------------------------------------------ main
     def run(self) -> None:
@@ -90,35 +110,100 @@ class RingWorker:
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
         kafka.wait_for_broker(self.cluster, log)
         ensure_hop_topic(self.job, self.cluster, self.id)
+        self._announce()
         self.hop_in.assign([TopicPartition(self.job.hop_topic(self.id), 0, OFFSET_BEGINNING)])
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_BEGINNING)])
         self.health.ready, self.health.detail = True, "running"
-        log.info("ring worker started", worker=self.id, metrics=self.metrics_url)
+        log.info("ring worker started", worker=self.id, incarnation=self.incarnation, metrics=self.metrics_url)
         last_beat = 0.0
         while not self.stopping:
             self._poll_control()
             for m in self.hop_in.consume(500, 0.005 if self.head else 0.05):
-                if m.error() is None:
-                    self._handle(wire.decode(m.value(), m.headers()))
-            self._drain_local()
-            if self.head is not None:
-                self.head.tick()
+                if m.error() is not None:
+                    metrics.BROKER_ERRORS.labels(m.error().name()).inc()
+                elif self._current(*wire.epoch_of(m.headers())):
+                    self._guarded(self._handle, wire.decode(m.value(), m.headers()))
+            self._guarded(self._drain_local)
+            if self.head is not None and not self.failed:
+                self._guarded(self.head.tick)
+            if self.deliveries.errors and not self.failed:
+                self._fail("delivery", str(self.deliveries.errors[0]))
             if time.monotonic() - last_beat >= self.job.worker.heartbeat_ms / 1000:
                 self._heartbeat()
                 last_beat = time.monotonic()
         self.hop_in.close()
         self.control_in.close()
-        self.out.flush(10)
+        self._guarded(flush, self.out, self.deliveries)
         log.info("ring worker stopped", worker=self.id)
 
     def stop(self) -> None:
         self.stopping = True
+
+    # ---------------------------------------------------------------- fencing
+    def _announce(self) -> None:
+        """Read the control topic to its end; if this node id started before in this job, report
+        the ring failed and exit with RING_FENCED_EXIT, else record this incarnation (RingStart)."""
+        while self.job.control_topic not in self.cluster.admin().list_topics(timeout=30).topics:
+            time.sleep(0.5)  # the coordinator creates it
+        for m in kafka.read_partition(self.cluster, self.job.control_topic, 0, 0, f"{self.job.consumer_group}-{self.id}-fence"):
+            msg = control.decode_control(m.value())
+            if isinstance(msg, control.RingStart):
+                self.incarnations.setdefault(msg.worker, msg.incarnation)
+        if self.id in self.incarnations:
+            self._fail("node-restarted", f"ring node {self.id} restarted (it started before as incarnation "
+                                         f"{self.incarnations[self.id]}); its slices are lost and ring crash recovery "
+                                         "does not exist yet: the ring stops producing results")
+            self.out.flush(30)
+            raise SystemExit(RING_FENCED_EXIT)
+        start = control.RingStart(worker=self.id, incarnation=self.incarnation)
+        self.out.produce(self.job.control_topic, value=control.encode(start), key=self.id.encode(), partition=0,
+                         on_delivery=self.deliveries.report)
+        flush(self.out, self.deliveries)
+        self.incarnations[self.id] = self.incarnation
+
+    def _current(self, node: str, incarnation: str) -> bool:
+        """Whether a hop record from `node`'s `incarnation` belongs to this ring: not when the
+        ring failed, nor when the ring started with another incarnation of that node."""
+        if self.failed:
+            return False
+        known = self.incarnations.get(node)
+        if known is None or known == incarnation:
+            return True
+        metrics.RING_STALE.inc()
+        self._fail("stale-epoch", f"a hop message from {node} incarnation {incarnation or '?'}; the ring runs with {known}")
+        return False
+
+    def _guarded(self, step: Callable[..., None], *args: object) -> None:
+        """Run a ring step; a failed delivery (raised by a flush) fails the ring."""
+        try:
+            step(*args)
+        except KafkaException as e:
+            self._fail("delivery", str(e))
+
+    def _fail(self, reason: str, detail: str) -> None:
+        """The ring stops producing results: counted, reported on the control topic (every node
+        stops), shown by the heartbeat and `streamjoin status`."""
+        if self.failed:
+            return
+        self.failed = reason
+        self.local.clear()
+        metrics.RING_FAILED.labels(reason).set(1)
+        self.health.detail = f"ring failed: {reason}"
+        log.error("ring failed: no more results", worker=self.id, reason=reason, detail=detail)
+        msg = control.RingFailed(worker=self.id, reason=reason, detail=detail, wall_ms=_now_ms())
+        self.out.produce(self.job.control_topic, value=control.encode(msg), key=self.id.encode(), partition=0,
+                         on_delivery=_count_failed_delivery)
+        self.out.poll(0)
 
     def _poll_control(self) -> None:
         for m in self.control_in.consume(100, 0):
             msg = control.decode_control(m.value()) if m.error() is None else None
             if isinstance(msg, control.RingLayout):
                 self._on_layout(msg)
+            elif isinstance(msg, control.RingStart):
+                self.incarnations.setdefault(msg.worker, msg.incarnation)
+            elif isinstance(msg, control.RingFailed) and not self.failed:
+                self._fail(msg.reason, f"reported by {msg.worker}: {msg.detail}")
 
     def _on_layout(self, msg: control.RingLayout) -> None:
         layout = tuple(msg.layout)
@@ -142,10 +227,21 @@ class RingWorker:
         self.send(out, msg)
 
     def send(self, out: Outbox, cause: RingMessage) -> None:
+        """Produce what handling `cause` made: results and dead letters first, then (an End
+        among them: after a checked flush, so a round's End travels only behind its written
+        results) the messages for the next node. Raises KafkaException on a failed delivery."""
+        if self.failed:
+            return
         info = cause.info if hasattr(cause, "info") else self.node.rounds.get(getattr(cause, "round", -1))
         for target, build in out.direct:  # handoffs must land before the next round: flush now
             self._produce(target, build)
-            self.out.flush(30)
+            flush(self.out, self.deliveries)
+        for block in out.results:
+            self._results(block, info)
+        for trigger, rows, detail in out.failures.entries:
+            self._udf_dead_letters(trigger, rows, detail)
+        if out.round_done is not None or any(isinstance(m, End) for m in out.to_next):
+            flush(self.out, self.deliveries)
         if out.to_next:
             nxt = info.next_of(self.id) if info is not None else self.id
             for msg in out.to_next:
@@ -153,10 +249,6 @@ class RingWorker:
                     self.local.append(msg)
                 else:
                     self._produce(nxt, msg)
-        for block in out.results:
-            self._results(block, info)
-        for trigger, rows, detail in out.failures.entries:
-            self._udf_dead_letters(trigger, rows, detail)
         if out.round_done is not None and self.head is not None:
             self.head.on_done(out.round_done)
         self.out.poll(0)
@@ -167,8 +259,9 @@ class RingWorker:
 
     def _produce(self, node: str, msg: RingMessage) -> None:
         for piece in _pieces(msg):
-            value, headers = wire.encode(piece)
-            self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0)
+            value, headers = wire.encode(piece, f"{self.id}:{self.incarnation}")
+            self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0,
+                             on_delivery=self.deliveries.report)
 
     def _results(self, block: Block, info: RoundInfo | None) -> None:
         if len(block):
@@ -177,7 +270,8 @@ class RingWorker:
                 metrics.RING_RESPONSE_SECONDS.observe_many((block["produced_ms"] - info.released_ms) / 1000.0)
 
     def release_record(self, info: RoundInfo) -> None:
-        """The round's release on the commits topic: inputs below its watermark are joined for good."""
+        """The round's release on the commits topic, once its End is back (every node flushed
+        its results first): all its results are written, inputs below its watermark are joined for good."""
         release = RoundRelease(node=self.id, round=info.round, watermark=info.watermark)
         self.out.produce(self.job.commits_topic, value=release.model_dump_json().encode(), key=self.id.encode(),
                          partition=0, on_delivery=self.deliveries.report)
@@ -193,7 +287,8 @@ class RingWorker:
             self.dead_seen.add((trigger, part, off))
             value = encode_block(rows.take(np.array([k])))
             self.out.produce(self.job.dead_letter_topic, value=value, partition=part % self.job.partitions,
-                             headers=dead_letter_headers(UDF_ERROR, detail, topic, part, off, -1, -1))
+                             headers=dead_letter_headers(UDF_ERROR, detail, topic, part, off, -1, -1),
+                             on_delivery=self.deliveries.report)
             metrics.DEAD_LETTER.labels(UDF_ERROR).inc()
 
     def _heartbeat(self) -> None:
@@ -205,8 +300,10 @@ class RingWorker:
             lag=self.head.lag() if self.head else 0,
             ring_layout=list(self.head.planner.layout) if self.head else [],
             ring_busy=self.head.busy if self.head else False,
-            ring_round=self.head.planner.next_round if self.head else 0)
-        self.out.produce(self.job.control_topic, value=control.encode(beat), key=self.id.encode(), partition=0)
+            ring_round=self.head.planner.next_round if self.head else 0, ring_failed=self.failed)
+        # A lost heartbeat is retried by the next one: counted, but it does not fail the ring.
+        self.out.produce(self.job.control_topic, value=control.encode(beat), key=self.id.encode(), partition=0,
+                         on_delivery=_count_failed_delivery)
         self.out.poll(0)
 
 
@@ -228,12 +325,12 @@ class RingHead:
         self.buffers: dict[int, RecordBuffer] = {}
         self.sequencer = Sequencer(m)
         self.pending = [_empty(b) for b in stream_templates(self.job)]
-        self.max_ts: list[int | None] = [None] * m
-        self.watermark = NO_TIME
+        self.clock = InputClock([len(parts) for parts in self.source_partitions], self.job.join.allowed_lateness_ms,
+                                self.job.join.idle_timeout_ms, _now_ms())
         self.offsets: dict[tuple[str, int], int] = {}
         self.loaded: set[int] = set()  # rounds in flight that carry tuples
         self.last_release = 0.0
-        self.paused: set[int] = set()  # streams whose intake waits for the rounds to catch up
+        self.paused: set[tuple[int, int]] = set()  # (stream, partition) whose intake waits for the rounds
         self.tuples_per_record: float | None = None  # latest decode's ratio (block records hold many)
         self.routing = routing_for(self.job, self.job.partitions)  # ring mode: no co-partitioning to check
 
@@ -252,13 +349,21 @@ class RingHead:
         log.info("ring resize planned", layout=list(layout), relocation=self.job.ring.relocation)
 
     def on_done(self, info: RoundInfo) -> None:
+        """Round `info` is back: its results are all written (send flushed before), so release it."""
+        self.w.release_record(info)
         self.planner.on_done(info.round)
         self.loaded.discard(info.round)
         metrics.RING_ROUNDS.inc()
 
+    @property
+    def watermark(self) -> int:
+        return self.clock.watermark
+
     def tick(self) -> None:
         self._throttle()
         room = self._room()
+        if not room:
+            self.clock.hold(_now_ms())  # not reading: no partition's silence counts toward idleness
         for m in self.sources.consume(room, 0) if room else ():
             self._take(m)
         self._decode()
@@ -275,21 +380,20 @@ class RingHead:
 
     def _throttle(self) -> None:
         """Intake backpressure, so a backlog is taken as the rounds go, not all at once: rounds
-        stay near worker.max_batch_records tuples and the head's memory stays bounded. A stream
-        holding that many tuples is paused while it is ahead of the watermark (the consumer drops
-        what it prefetched for it and resumes at the next offset), so the stream holding the
-        watermark back is the one read; it is never paused, or nothing could be released."""
-        cap = self.job.worker.max_batch_records
-        low = self._low_max_ts()
-        want = {i for i, b in enumerate(self.pending)
-                if len(b) >= cap and low is not None and self.max_ts[i] > low}  # type: ignore[operator]
-        for i in want ^ self.paused:
-            (self.sources.pause if i in want else self.sources.resume)(self.source_partitions[i])
+        stay near worker.max_batch_records tuples and the head's memory stays bounded. While a
+        stream holds that many tuples, its source partitions ahead of the one holding the
+        watermark back are paused (the consumer drops what it prefetched for them and resumes at
+        the next offset). Pausing is per partition, as the watermark is: the partition holding
+        it back is never paused, or nothing could be released. A paused partition is not idle."""
+        cap, now = self.job.worker.max_batch_records, _now_ms()
+        low = self.clock.low_newest(now)
+        want = {(i, p) for i, b in enumerate(self.pending) if len(b) >= cap and low is not None
+                for p in np.flatnonzero(self.clock.newest[i] > low).tolist()}
+        for i, p in want ^ self.paused:
+            (self.sources.pause if (i, p) in want else self.sources.resume)([self.source_partitions[i][p]])
+        for i, p in want:
+            self.clock.touch(i, np.array([p]), now)
         self.paused = want
-
-    def _low_max_ts(self) -> int | None:
-        known = [t for t in self.max_ts if t is not None]
-        return min(known) if len(known) == len(self.max_ts) else None
 
     def _room(self) -> int:
         """Records to take this tick (0: none): what keeps the held tuples near
@@ -302,7 +406,7 @@ class RingHead:
         held = sum(len(b) for b in self.pending)
         if held < cap:
             return max(1, int((cap - held) / self.tuples_per_record))
-        low = self._low_max_ts()
+        low = self.clock.low_newest(_now_ms())
         return 0 if low is not None and self._releasable(low) >= cap else 1
 
     def _releasable(self, low_max_ts: int) -> int:
@@ -332,9 +436,9 @@ class RingHead:
                 dead += late_records(self.job, i, -1, buf, block.filter(late), self.watermark)
             self._dead_letters(dead)
             fresh = block.filter(~late)
+            self.clock.touch(i, np.unique(np.asarray(buf.partitions, np.int64)), _now_ms())
             if len(fresh):
-                ts_max = int(fresh[TS].max())
-                self.max_ts[i] = ts_max if self.max_ts[i] is None else max(self.max_ts[i], ts_max)
+                self.clock.observe(i, fresh[PART].astype(np.int64), fresh[TS])
                 self.pending = concat_pending(self.pending, [fresh if k == i else _empty(p)
                                                              for k, p in enumerate(self.pending)])
         self.buffers = {}
@@ -343,21 +447,18 @@ class RingHead:
         for d in dead:
             topic = self.job.topic_of(self.job.streams[d.stream])
             self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
-                               partition=d.partition % self.job.partitions, headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
+                               partition=d.partition % self.job.partitions, headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1),
+                               on_delivery=self.w.deliveries.report)
             metrics.DEAD_LETTER.labels(d.reason).inc()
 
     def _release(self, handoff: dict[str, str] | None = None) -> None:
         self._decode()
-        if all(t is not None for t in self.max_ts):
-            wm = min(self.max_ts) - self.job.join.allowed_lateness_ms  # type: ignore[type-var]
-        else:
-            wm = self.watermark
-        wm = max(wm, self.watermark)
+        before = self.watermark
+        wm = self.clock.advance(_now_ms())
         released, self.pending = release_before(self.pending, wm)
         counts = tuple(self.sequencer.counts)
         tuples = self.sequencer.sequence(released)
-        info = self.planner.next_info(self.watermark, counts, wm, handoff, now_ms=int(time.time() * 1000))
-        self.watermark = wm
+        info = self.planner.next_info(before, counts, wm, handoff, now_ms=_now_ms())
         self.last_release = time.monotonic()
         if sum(len(b) for b in tuples):
             self.loaded.add(info.round)
@@ -365,7 +466,6 @@ class RingHead:
                 metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(b))
         probe = Probe(info, tuple(tuples))
         out = self.w.node.release(probe, int(time.time() * 1000))
-        self.w.release_record(info)
         self.w.send(out, probe)
         self._commit()
 
@@ -387,6 +487,16 @@ def _pieces(msg: RingMessage) -> list[RingMessage]:
     parts = [rows.take(np.arange(a, b)) for a, b in zip(cuts, cuts[1:]) if b > a]
     key = "tuples" if isinstance(msg, Build) else "rows"
     return [dataclasses.replace(msg, **{key: part}) for part in parts]
+
+
+def _count_failed_delivery(err: KafkaError | None, _msg: Message) -> None:
+    """Delivery report of a control record (heartbeat, RingFailed): a failure is counted."""
+    if err is not None:
+        metrics.BROKER_ERRORS.labels("control-delivery").inc()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _empty(block: Block) -> Block:

@@ -34,16 +34,35 @@ def band_rows(job: JobSettings, n: int, seed: int, t0: int = 1_000, span_ms: int
     return out
 
 
-def produce_rows(job: JobSettings, bootstrap: str, rows: list[tuple[int, dict]], raw: list = ()) -> None:
+def produce_rows(job: JobSettings, bootstrap: str, rows: list[tuple[int, dict]], raw: list = (),
+                 partitions: list[int] | None = None) -> None:
+    """Write `rows` ((stream, value) pairs) to their source topics, to `partitions[k]` when given."""
     p = kafka.Cluster(bootstrap).producer()
-    for i, v in rows:
-        p.produce(job.topic_of(job.streams[i]), value=json.dumps(v).encode())
+    for k, (i, v) in enumerate(rows):
+        where = {} if partitions is None else {"partition": partitions[k]}
+        p.produce(job.topic_of(job.streams[i]), value=json.dumps(v).encode(), **where)
     for topic, value in raw:
         p.produce(topic, value=value)
     assert p.flush(30) == 0
 
 
 def check_ring(job: JobSettings, bootstrap: str) -> Check:
+    """The results topic against the reference over the inputs the ring released (below the
+    newest RoundRelease watermark), dead-lettered records left out."""
+    releases = [c.watermark for c in commits(job, bootstrap) if isinstance(c, RoundRelease)]
+    expected, reasons = ring_expected(job, bootstrap, max(releases) if releases else None)
+    produced = produced_refs(job, bootstrap)
+    counts = Counter(produced)
+    return Check(len(expected), len(produced), len(expected - set(counts)), len(set(counts) - expected),
+                 sum(c - 1 for c in counts.values()), reasons)
+
+
+def ring_expected(job: JobSettings, bootstrap: str, released_below: int | None,
+                  every_input: bool = False) -> tuple[set, Counter]:
+    """The reference results over the input records with event time below `released_below`
+    (None: none), or over every input record (`every_input`), dead-lettered ones left out
+    (udf-error ones stay: only their failing pairs were not joined); and the dead letters'
+    count per reason."""
     dead = read_all(bootstrap, job.dead_letter_topic, job.partitions, "rcheck-dlq")
     reasons: Counter = Counter()
     excluded = set()
@@ -52,9 +71,6 @@ def check_ring(job: JobSettings, bootstrap: str) -> Check:
         reasons[h[H_REASON]] += 1
         if h[H_REASON] != "udf-error":  # udf-error records were joined; only their failing pairs were not
             excluded.add((h[H_TOPIC], m.partition(), int(h[H_OFFSET])))
-    produced = produced_refs(job, bootstrap)
-    releases = [c.watermark for c in commits(job, bootstrap) if isinstance(c, RoundRelease)]
-    released_below = max(releases) if releases else None
     streams = []
     for s in job.streams:
         topic = job.topic_of(s)
@@ -62,7 +78,7 @@ def check_ring(job: JobSettings, bootstrap: str) -> Check:
         for m in read_all(bootstrap, topic, job.partitions, "rcheck-in"):
             ref = (topic, m.partition(), m.offset())
             v = json.loads(m.value()) if ref not in excluded else None
-            if v is not None and released_below is not None and v[s.time_field] < released_below:
+            if v is not None and (every_input or released_below is not None and v[s.time_field] < released_below):
                 rows.append(ThetaTuple(ref, v[s.time_field], v))
         streams.append(rows)
     terms = compile_terms([s.name for s in job.streams], job.join.predicate, job.join.udfs)
@@ -79,7 +95,4 @@ def check_ring(job: JobSettings, bootstrap: str) -> Check:
         return True
 
     windows = [RefWindow(s.window.range_ms, s.window.rows) for s in job.streams]
-    expected = reference_theta_join(streams, windows, holds)
-    counts = Counter(produced)
-    return Check(len(expected), len(produced), len(expected - set(counts)), len(set(counts) - expected),
-                     sum(c - 1 for c in counts.values()), reasons)
+    return reference_theta_join(streams, windows, holds), reasons
