@@ -2,6 +2,9 @@
 
 A fuzz input is a poll of records: its bytes split at RS (0x1e), each piece one
 record value, an empty piece a tombstone, followed by one known good record.
+The `json-fields` target reads its bytes as choices instead: per record, per
+declared field, one of many awkward JSON values (or none), so it explores type
+confusion that byte mutation of JSON text seldom reaches.
 Whatever the bytes, a decoder must return a `Decoded` whose tuples and rejects
 account for the records without overlap, reject only with a reason, and decode
 the good record. Used by tests/fuzz/fuzz.py (atheris, coverage-guided) and by
@@ -45,10 +48,38 @@ def records_of(data: bytes) -> list[bytes | None]:
     return [piece or None for piece in data.split(SEPARATOR)] if data else []
 
 
+_ABSENT = object()
+# Values a field of a JSON record may hold, good and awkward, for `json-fields`.
+_FIELD_VALUES: list[object] = [
+    _ABSENT, None, 0, 7, -1, (1 << 63) - 1, -(1 << 63), 1 << 63, -(1 << 63) - 1, 1 << 70, 2 ** 53 + 1, 1 << 61,
+    0.5, -0.0, 1e308, float("nan"), float("inf"), float("-inf"), "", "x", "9", "\x00", "\ud800", "é" * 50, True, False,
+    [], [1, 2], {}, {"a": {"b": [1]}}, [[[[[[[[[[]]]]]]]]]], "AA==",
+]
+
+
+def structured_json_records(data: bytes) -> list[bytes | None]:
+    """A poll of JSON objects chosen by `data`: one byte per declared field picks its value
+    (or leaves it out), one more picks how the object is written (ASCII-escaped or raw, which
+    turns a lone surrogate into invalid UTF-8)."""
+    fields, width = list(SPEC.fields), len(SPEC.fields) + 1
+    out: list[bytes | None] = []
+    for at in range(0, len(data) - width + 1, width):
+        choice = data[at:at + width]
+        obj = {f: _FIELD_VALUES[c % len(_FIELD_VALUES)] for f, c in zip(fields, choice)}
+        text = json.dumps({f: v for f, v in obj.items() if v is not _ABSENT}, ensure_ascii=choice[-1] % 2 == 0)
+        out.append(text.encode("utf-8", "surrogatepass"))
+    return out
+
+
 def check(decoder: str, data: bytes) -> Decoded:
-    """Decode the poll `data` stands for plus a good record with `decoder`; raise AssertionError
+    """Decode the poll `data` stands for plus a good record with `decoder` (json, avro, blocks,
+    or json-fields: the json decoder on structured_json_records); raise AssertionError
     if the verdict does not account for every record (any other exception is a decoder bug)."""
-    values = records_of(data) + [good_record(decoder)]
+    if decoder == "json-fields":
+        decoder, polled = "json", structured_json_records(data)
+    else:
+        polled = records_of(data)
+    values = polled + [good_record(decoder)]
     n = len(values)
     out = DECODERS[decoder](SPEC, values, np.zeros(n, np.int32), np.arange(n, dtype=np.int64), np.zeros(n, np.int64))
     assert isinstance(out, Decoded)
