@@ -5,10 +5,10 @@ per record. Block format (high-rate producers and every internal hop): one
 Arrow IPC stream per record holding many tuples.
 
 JSON is decoded a whole poll at a time by Arrow's C++ JSON reader; only when
-that fails does the slow path bisect the poll down to the records Arrow
-refuses, and Python's json words why (Arrow alone judges: the two disagree
-at the edges, e.g. integers past int64, invalid UTF-8, deep nesting, several
-values on one line). Avro rows go to Arrow the same way. Rows that
+that fails does the slow path find the records Arrow refuses (bisecting, with
+Python's json to sort and word the reasons; Arrow alone judges, as the two
+disagree at the edges: integers past int64, invalid UTF-8, deep nesting,
+several values on one line). Avro rows go to Arrow the same way. Rows that
 parse but cannot be tuples (a null or missing field, a non-finite float, an
 event time outside +-2^60 ms) are refused as well. Records that cannot become
 tuples come back as `Reject`s with a reason, for the dead-letter topic; no
@@ -134,23 +134,38 @@ def _drop_bad_rows(spec: StreamSpec, table: pa.Table, idx: np.ndarray,
     return idx[~bad], table.filter(pa.array(~bad))
 
 
-def _check_one_json(spec: StreamSpec, value: bytes) -> str | None:
-    """Slow path, for a record Arrow refused: why is it bad, in words (None: no idea)?"""
+class _Pairs(list):
+    """A JSON object as Python's json read it, its (name, value) pairs in order (duplicates kept)."""
+
+
+def _check_one_json(spec: StreamSpec, value: bytes) -> tuple[str | None, bool]:
+    """Slow path: why is this record bad, in words (None: Python's json sees nothing wrong), and
+    is it sure to be refused (by Arrow, or after Arrow by `_bad_rows`)? A wrong type, a repeat or
+    a range fault in a declared field, or a value that is no object, is; text Python's json
+    cannot read (deep nesting, invalid UTF-8 or odd syntax in fields the stream does not
+    declare) Arrow may still take."""
     try:
-        obj = json.loads(value)
+        pairs = json.loads(value, object_pairs_hook=_Pairs)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
-        return f"not JSON: {type(e).__name__}: {e}"
-    if not isinstance(obj, dict):
-        return f"JSON value must be an object, got {type(obj).__name__}"
+        return f"not JSON: {type(e).__name__}: {e}", False
+    if not isinstance(pairs, _Pairs):
+        return f"JSON value must be an object, got {type(pairs).__name__}", True
+    names = [name for name, _ in pairs]
+    obj = dict(pairs)
     for name, t in spec.fields.items():
+        if names.count(name) > 1:
+            return f"field {name!r} appears more than once", True
         if name not in obj or obj[name] is None:
-            return f"missing field {name!r}"
+            return f"missing field {name!r}", True
         v = obj[name]
         if not isinstance(v, _PY_TYPES[t]) or (t in ("int", "float") and isinstance(v, bool)):
-            return f"field {name!r} should be {t}, got {type(v).__name__}"
+            got = "object" if isinstance(v, _Pairs) else type(v).__name__
+            return f"field {name!r} should be {t}, got {got}", True
         if t == "int" and not -(1 << 63) <= v < 1 << 63:
-            return f"field {name!r} is outside int64"
-    return None
+            return f"field {name!r} is outside int64", True
+        if t == "float" and isinstance(v, float) and not np.isfinite(v):
+            return f"field {name!r} is not a finite number", True
+    return None, False
 
 
 class _Unparsable(ValueError):
@@ -195,32 +210,62 @@ def decode_json(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
 
     values: record values (None: a tombstone); part/off/arr: per record its partition,
     offset and arrival time. Never raises."""
-    # Values the line-oriented reader cannot take (a cheap scan, no parsing).
-    good = np.array([v is not None and b"\n" not in v and bool(v.strip()) for v in values], dtype=bool)
+    # Arrow's reader takes a value only as one line (it breaks lines at CR too) starting with an
+    # object: it crashes the process (SIGSEGV, pyarrow 18-22) when its input starts with `null`.
+    good = np.array([v is not None and b"\n" not in v and b"\r" not in v and v.lstrip()[:1] == b"{" for v in values],
+                    dtype=bool)
     rejects = [Reject(int(i), "malformed", _describe_unparsable(spec, values[i])) for i in np.flatnonzero(~good)]
 
     def build(rows: np.ndarray) -> pa.Table:
         return _parse_json(spec, [values[i] for i in rows])  # type: ignore[misc]
 
     def explain(i: int, e: Exception) -> str:
-        return _check_one_json(spec, values[i]) or f"{type(e).__name__}: {e}"  # type: ignore[arg-type]
+        return _check_one_json(spec, values[i])[0] or f"{type(e).__name__}: {e}"  # type: ignore[arg-type]
 
-    # Arrow alone judges which records are taken (Python's json differs at the edges, and a
-    # record's fate must not depend on its neighbours); Python's json only words the reason.
-    idx, table, refused = _isolate(spec, build, np.flatnonzero(good), explain)
-    rejects += refused
+    idx = np.flatnonzero(good)
+    try:
+        table = build(idx) if len(idx) else arrow_schema(spec).empty_table()
+    except (pa.ArrowException, _Unparsable):
+        idx, table = _salvage(spec, values, idx, build, explain, rejects)
     idx, table = _drop_bad_rows(spec, table, idx, rejects)
     return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects, idx)
+
+
+def _salvage(spec: StreamSpec, values: Sequence[bytes | None], idx: np.ndarray,
+             build: Callable[[np.ndarray], pa.Table], explain: Callable[[int, Exception], str],
+             rejects: list[Reject]) -> tuple[np.ndarray, pa.Table]:
+    """Slow path after a failed poll: the records `idx` Arrow can take, as a table (in record
+    order); the rest added to `rejects`.
+
+    Arrow alone judges (a record's fate must not depend on its neighbours, or a replay of one
+    group's records could decide otherwise than the poll did), but an Arrow call costs ~0.5 ms
+    whatever its size, so Python's json sorts first: records it finds fine are bisected
+    together, those it is unsure of are judged one by one, and those Arrow is sure to refuse
+    are rejected without asking it."""
+    verdicts = [_check_one_json(spec, values[i]) for i in idx.tolist()]  # type: ignore[arg-type]
+    fine = np.array([problem is None for problem, _ in verdicts], dtype=bool)
+    sure = np.array([certain for _, certain in verdicts], dtype=bool)
+    rejects += [Reject(int(i), "malformed", verdicts[n][0]) for n, i in enumerate(idx) if sure[n]]  # type: ignore[arg-type]
+    parts = [_isolate(spec, build, idx[fine], explain)]
+    parts += [_isolate(spec, build, idx[n:n + 1], explain) for n in np.flatnonzero(~fine & ~sure).tolist()]
+    kept = np.concatenate([p[0] for p in parts])
+    rejects += [r for p in parts for r in p[2]]
+    order = np.argsort(kept, kind="stable")
+    return kept[order], pa.concat_tables([p[1] for p in parts]).take(order)
 
 
 def _describe_unparsable(spec: StreamSpec, value: bytes | None) -> str:
     if value is None or not value.strip():
         return "empty value"
-    return _check_one_json(spec, value) or "JSON spread over several lines"
+    if b"\n" in value or b"\r" in value:
+        return "JSON spread over several lines"
+    return _check_one_json(spec, value)[0] or "JSON value must be an object"
 
 
 def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
                 arr: np.ndarray) -> Decoded:
+    """Records holding one schemaless Avro record each (the stream's avro_schema) -> tuples, and
+    rejects. values/part/off/arr as for decode_json. Never raises."""
     # fastavro decodes record by record in C; Avro producers that need the
     # block path's speed should write blocks instead.
     schema = fastavro.parse_schema(avro_schema(spec))
@@ -280,16 +325,14 @@ def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.nda
     if not tables:
         empty = np.empty(0, np.int64)
         return Decoded(table_to_block(spec, want.empty_table(), empty, empty, empty), rejects, empty)
-    table = pa.concat_tables(tables)
-    record = np.concatenate(records)
+    table, record, offsets = pa.concat_tables(tables), np.concatenate(records), np.concatenate(offs)
     bad, why = _bad_rows(spec, table)
     if bad.any():
         refused, first = np.unique(record[bad], return_index=True)
         rejects += [Reject(int(i), "malformed", f"a tuple of the block: {w}") for i, w in zip(refused, why[bad][first])]
         keep = ~np.isin(record, refused)
-        table, record, offs = table.filter(pa.array(keep)), record[keep], [np.concatenate(offs)[keep]]
-    block = table_to_block(spec, table, part[record], np.concatenate(offs), arr[record])
-    return Decoded(block, rejects, record)
+        table, record, offsets = table.filter(pa.array(keep)), record[keep], offsets[keep]
+    return Decoded(table_to_block(spec, table, part[record], offsets, arr[record]), rejects, record)
 
 
 def _tuple_index(table: pa.Table) -> np.ndarray:
