@@ -141,13 +141,15 @@ class _Pairs(list):
 def _check_one_json(spec: StreamSpec, value: bytes) -> tuple[str | None, bool]:
     """Slow path: why is this record bad, in words (None: Python's json sees nothing wrong), and
     is it sure to be refused (by Arrow, or after Arrow by `_bad_rows`)? A wrong type, a repeat or
-    a range fault in a declared field, or a value that is no object, is; text Python's json
-    cannot read (deep nesting, invalid UTF-8 or odd syntax in fields the stream does not
-    declare) Arrow may still take."""
+    a range fault in a declared field, a syntax error, or a value that is no object, is; text
+    Python's json cannot read for its depth or its invalid UTF-8 Arrow may still take (when it
+    sits in fields the stream does not declare)."""
     try:
         pairs = json.loads(value, object_pairs_hook=_Pairs)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
+    except (UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
         return f"not JSON: {type(e).__name__}: {e}", False
+    except ValueError as e:  # a syntax error: Arrow's reader finds it too (or reads several values)
+        return f"not JSON: {type(e).__name__}: {e}", True
     if not isinstance(pairs, _Pairs):
         return f"JSON value must be an object, got {type(pairs).__name__}", True
     names = [name for name, _ in pairs]
@@ -237,17 +239,16 @@ def _salvage(spec: StreamSpec, values: Sequence[bytes | None], idx: np.ndarray,
     """Slow path after a failed poll: the records `idx` Arrow can take, as a table (in record
     order); the rest added to `rejects`.
 
-    Arrow alone judges (a record's fate must not depend on its neighbours, or a replay of one
+    Arrow judges (a record's fate must not depend on its neighbours, or a replay of one
     group's records could decide otherwise than the poll did), but an Arrow call costs ~0.5 ms
-    whatever its size, so Python's json sorts first: records it finds fine are bisected
-    together, those it is unsure of are judged one by one, and those Arrow is sure to refuse
-    are rejected without asking it."""
+    whatever its size, so Python's json sorts first: records it is sure Arrow (or
+    `_bad_rows`) refuses are rejected without asking; those it finds fine and those it is
+    unsure of are bisected, as two groups, down to the records Arrow refuses."""
     verdicts = [_check_one_json(spec, values[i]) for i in idx.tolist()]  # type: ignore[arg-type]
     fine = np.array([problem is None for problem, _ in verdicts], dtype=bool)
     sure = np.array([certain for _, certain in verdicts], dtype=bool)
     rejects += [Reject(int(i), "malformed", verdicts[n][0]) for n, i in enumerate(idx) if sure[n]]  # type: ignore[arg-type]
-    parts = [_isolate(spec, build, idx[fine], explain)]
-    parts += [_isolate(spec, build, idx[n:n + 1], explain) for n in np.flatnonzero(~fine & ~sure).tolist()]
+    parts = [_isolate(spec, build, idx[fine], explain), _isolate(spec, build, idx[~fine & ~sure], explain)]
     kept = np.concatenate([p[0] for p in parts])
     rejects += [r for p in parts for r in p[2]]
     order = np.argsort(kept, kind="stable")
