@@ -138,7 +138,7 @@ class _Pairs(list):
     """A JSON object as Python's json read it, its (name, value) pairs in order (duplicates kept)."""
 
 
-def _check_one_json(spec: StreamSpec, value: bytes) -> tuple[str | None, bool]:
+def _check_one_json(spec: StreamSpec, value: bytes | str) -> tuple[str | None, bool]:
     """Slow path: why is this record bad, in words (None: Python's json sees nothing wrong), and
     is it sure to be refused (by Arrow, or after Arrow by `_bad_rows`)? A wrong type, a repeat or
     a range fault in a declared field, a syntax error, or a value that is no object, is; text
@@ -146,7 +146,9 @@ def _check_one_json(spec: StreamSpec, value: bytes) -> tuple[str | None, bool]:
     sits in fields the stream does not declare)."""
     try:
         pairs = json.loads(value, object_pairs_hook=_Pairs)
-    except (UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
+    except UnicodeDecodeError:  # read on with the bad bytes as lone surrogates, to see where they are
+        return _check_one_json(spec, value.decode("utf-8", "surrogateescape"))  # type: ignore[union-attr]
+    except RecursionError as e:  # deep nesting
         return f"not JSON: {type(e).__name__}: {e}", False
     except ValueError as e:  # a syntax error: Arrow's reader finds it too (or reads several values)
         return f"not JSON: {type(e).__name__}: {e}", True
@@ -167,7 +169,17 @@ def _check_one_json(spec: StreamSpec, value: bytes) -> tuple[str | None, bool]:
             return f"field {name!r} is outside int64", True
         if t == "float" and isinstance(v, float) and not np.isfinite(v):
             return f"field {name!r} is not a finite number", True
+        if t == "str" and not _is_utf8(v):  # invalid bytes or a lone surrogate escape: Arrow refuses both
+            return f"field {name!r} is not valid UTF-8", True
     return None, False
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Unparsable(ValueError):
