@@ -15,8 +15,9 @@ import pytest
 from streamjoin.engine.block import KEY, OFF, TS, Block
 from streamjoin.schemas.codecs import (BLOCK_INDEX, BLOCK_SHIFT, avro_schema, decode_avro, decode_blocks, decode_json,
                                        encode_block)
-from streamjoin.services.worker.intake import FUTURE, STREAM_HEADER, RecordBuffer, decode_by_group, routing_for
-from streamjoin.settings import JobSettings, StreamSpec, load
+from streamjoin.services.worker.intake import (FUTURE, H_ORIGIN_OFFSET, H_ORIGIN_PARTITION, STREAM_HEADER, RecordBuffer,
+                                               decode_by_group, origin_of, routing_for)
+from streamjoin.settings import JobSettings, SettingsError, StreamSpec, load
 from tests.unit.test_intake import Msg
 
 FIELDS = {"k": "int", "ts": "int", "v": "str", "w": "float"}
@@ -234,6 +235,17 @@ def test_max_future_ms_zero_or_null_is_off(off: int | None) -> None:
 
 @pytest.mark.parametrize("bad", [-1, "soon"])
 def test_a_bad_max_future_ms_is_a_settings_error_naming_it(bad: object) -> None:
-    from streamjoin.settings import SettingsError
     with pytest.raises(SettingsError, match="join.max_future_ms"):
         job(max_future_ms=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("partition, offset", [(b"99999999999999999999999", b"1"), (b"0", b"-5"), (b"\xff", b"1"),
+                                               (None, b"1"), (b"0", str(1 << 62).encode())])
+def test_a_by_key_record_naming_an_impossible_origin_is_dead_lettered(partition: bytes | None, offset: bytes) -> None:
+    j = job()
+    m = Msg("p.r.by-key", 0, 9, _json(), [(H_ORIGIN_PARTITION, partition), (H_ORIGIN_OFFSET, offset)])
+    assert origin_of(m) is None  # type: ignore[arg-type]
+    buf = RecordBuffer()
+    buf.add_forwarded(m, origin_of(m))  # type: ignore[arg-type]
+    (sl,) = decode_by_group(j, 0, buf, routing_for(j, 1), {}).values()
+    assert len(sl.block) == 0 and [(d.offset, d.reason, d.topic) for d in sl.dead] == [(9, "malformed", "p.r.by-key")]
