@@ -225,7 +225,7 @@ def decode_json(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
     values: record values (None: a tombstone); part/off/arr: per record its partition,
     offset and arrival time. Never raises."""
     # Arrow's reader takes a value only as one line (it breaks lines at CR too) starting with an
-    # object: it crashes the process (SIGSEGV, pyarrow 18-22) when its input starts with `null`.
+    # object: it crashes the process (SIGSEGV, seen with pyarrow 26.0.1) when its input starts with `null`.
     good = np.array([v is not None and b"\n" not in v and b"\r" not in v and v.lstrip()[:1] == b"{" for v in values],
                     dtype=bool)
     rejects = [Reject(int(i), "malformed", _describe_unparsable(spec, values[i])) for i in np.flatnonzero(~good)]
