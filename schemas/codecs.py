@@ -5,9 +5,14 @@ per record. Block format (high-rate producers and every internal hop): one
 Arrow IPC stream per record holding many tuples.
 
 JSON is decoded a whole poll at a time by Arrow's C++ JSON reader; only when
-that fails does the slow path look at records one by one to name the bad ones.
-Records that cannot become tuples come back as `Reject`s with a reason, for
-the dead-letter topic; they never raise.
+that fails does the slow path find the records Arrow refuses (bisecting, with
+Python's json to sort and word the reasons; Arrow alone judges, as the two
+disagree at the edges: integers past int64, invalid UTF-8, deep nesting,
+several values on one line). Avro rows go to Arrow the same way. Rows that
+parse but cannot be tuples (a null or missing field, a non-finite float, an
+event time outside +-2^60 ms) are refused as well. Records that cannot become
+tuples come back as `Reject`s with a reason, for the dead-letter topic; no
+input makes a decoder raise (tests/fuzz holds the fuzz targets that check it).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import fastavro
 import numpy as np
@@ -33,6 +38,9 @@ _AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boole
 # Block-format records hold many tuples at one Kafka offset; a tuple's offset
 # column is (record offset << BLOCK_SHIFT) | index so tuple ids stay unique.
 BLOCK_SHIFT = 20
+# Event times must lie within +-TIME_BOUND ms (the year 36 million): window and watermark arithmetic
+# then stays clear of int64 wrap-around (the engine's NO_TIME is -2^61).
+TIME_BOUND = 1 << 60
 # A block the repartitioner forwards holds some of a record's tuples, each with its index in that record.
 BLOCK_INDEX = "_sj_index"
 
@@ -92,81 +100,185 @@ def table_to_block(spec: StreamSpec, table: pa.Table, part: np.ndarray, off: np.
     return system_block(join_keys(spec, table), ts, part, off, arr, payload)
 
 
-def _null_rows(table: pa.Table) -> np.ndarray:
-    mask = np.zeros(table.num_rows, dtype=bool)
-    for col in table.columns:
-        if col.null_count:
-            mask |= col.is_null().to_numpy(zero_copy_only=False)
-    return mask
+def _bad_rows(spec: StreamSpec, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that parsed but cannot be tuples, and why (an object array, "" for good rows): a null
+    or missing field, a non-finite float (results must stay valid JSON), an event time outside
+    +-TIME_BOUND. Vectorised: one pass per column."""
+    bad = np.zeros(table.num_rows, dtype=bool)
+    why = np.full(table.num_rows, "", dtype=object)
 
+    def flag(mask: np.ndarray, detail: str) -> None:
+        fresh = mask & ~bad
+        why[fresh] = detail
+        bad[:] |= fresh
 
-def _check_one_json(spec: StreamSpec, value: bytes) -> str | None:
-    """Slow path, used only when a whole poll failed to parse: why is this record bad?"""
-    try:
-        obj = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as e:
-        return f"not JSON: {e}"
-    if not isinstance(obj, dict):
-        return f"JSON value must be an object, got {type(obj).__name__}"
     for name, t in spec.fields.items():
+        col = table.column(name)
+        if col.null_count:
+            flag(col.is_null().to_numpy(zero_copy_only=False), f"missing field {name!r} (or null)")
+        if t == "float":
+            flag(~np.isfinite(col.fill_null(0.0).to_numpy()), f"field {name!r} is not a finite number")
+    ts = table.column(spec.time_field).fill_null(0).to_numpy()
+    flag((ts <= -TIME_BOUND) | (ts >= TIME_BOUND), f"time field {spec.time_field!r} outside +-2^60 ms")
+    return bad, why
+
+
+def _drop_bad_rows(spec: StreamSpec, table: pa.Table, idx: np.ndarray,
+                   rejects: list[Reject]) -> tuple[np.ndarray, pa.Table]:
+    """`table` (row r decoded from record idx[r]) without the rows `_bad_rows` refuses,
+    which are added to `rejects`."""
+    bad, why = _bad_rows(spec, table)
+    if not bad.any():
+        return idx, table
+    rejects += [Reject(int(i), "malformed", str(w)) for i, w in zip(idx[bad], why[bad])]
+    return idx[~bad], table.filter(pa.array(~bad))
+
+
+class _Pairs(list):
+    """A JSON object as Python's json read it, its (name, value) pairs in order (duplicates kept)."""
+
+
+def _check_one_json(spec: StreamSpec, value: bytes | str) -> tuple[str | None, bool]:
+    """Slow path: why is this record bad, in words (None: Python's json sees nothing wrong), and
+    is it sure to be refused (by Arrow, or after Arrow by `_bad_rows`)? A wrong type, a repeat or
+    a range fault in a declared field, a syntax error, or a value that is no object, is; text
+    Python's json cannot read for its depth or its invalid UTF-8 Arrow may still take (when it
+    sits in fields the stream does not declare)."""
+    try:
+        pairs = json.loads(value, object_pairs_hook=_Pairs)
+    except UnicodeDecodeError:  # read on with the bad bytes as lone surrogates, to see where they are
+        return _check_one_json(spec, value.decode("utf-8", "surrogateescape"))  # type: ignore[union-attr]
+    except RecursionError as e:  # deep nesting
+        return f"not JSON: {type(e).__name__}: {e}", False
+    except ValueError as e:  # a syntax error: Arrow's reader finds it too (or reads several values)
+        return f"not JSON: {type(e).__name__}: {e}", True
+    if not isinstance(pairs, _Pairs):
+        return f"JSON value must be an object, got {type(pairs).__name__}", True
+    names = [name for name, _ in pairs]
+    obj = dict(pairs)
+    for name, t in spec.fields.items():
+        if names.count(name) > 1:
+            return f"field {name!r} appears more than once", True
         if name not in obj or obj[name] is None:
-            return f"missing field {name!r}"
+            return f"missing field {name!r}", True
         v = obj[name]
         if not isinstance(v, _PY_TYPES[t]) or (t in ("int", "float") and isinstance(v, bool)):
-            return f"field {name!r} should be {t}, got {type(v).__name__}"
-    return None
+            got = "object" if isinstance(v, _Pairs) else type(v).__name__
+            return f"field {name!r} should be {t}, got {got}", True
+        if t == "int" and not -(1 << 63) <= v < 1 << 63:
+            return f"field {name!r} is outside int64", True
+        if t == "float" and isinstance(v, float) and not np.isfinite(v):
+            return f"field {name!r} is not a finite number", True
+        if t == "str" and not _is_utf8(v):  # invalid bytes or a lone surrogate escape: Arrow refuses both
+            return f"field {name!r} is not valid UTF-8", True
+    return None, False
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class _Unparsable(ValueError):
+    """Arrow read a set of records into a table that does not hold one valid row per record."""
 
 
 def _parse_json(spec: StreamSpec, values: Sequence[bytes]) -> pa.Table:
+    """One row per value, or raises. Arrow's reader splits lines at CR as well as LF and reads
+    `{..} {..}` as two rows, so the row count is checked; it also lets invalid UTF-8 into string
+    columns, so the table is validated."""
     opts = pajson.ParseOptions(explicit_schema=arrow_schema(spec), unexpected_field_behavior="ignore")
-    return pajson.read_json(io.BytesIO(b"\n".join(values)), parse_options=opts)
+    table = pajson.read_json(io.BytesIO(b"\n".join(values)), parse_options=opts)
+    if table.num_rows != len(values):
+        raise _Unparsable(f"{table.num_rows} JSON values in {len(values)} records")
+    table.validate(full=True)
+    return table
+
+
+def _isolate(spec: StreamSpec, build: Callable[[np.ndarray], pa.Table], idx: np.ndarray,
+             explain: Callable[[int, Exception], str]) -> tuple[np.ndarray, pa.Table, list[Reject]]:
+    """Build a table of the records `idx`; where `build` fails, bisect down to the records it
+    refuses and reject those (detail from `explain(record, error)`), keeping the rest.
+
+    build: record positions -> table with one row per position, raising on a bad record.
+    Returns (positions kept, their table, rejects). Costs O(bad records x log n) builds."""
+    if not len(idx):
+        return idx, arrow_schema(spec).empty_table(), []
+    try:
+        return idx, build(idx), []
+    except (pa.ArrowException, _Unparsable, OverflowError, TypeError, UnicodeDecodeError) as e:
+        if len(idx) == 1:
+            return idx[:0], arrow_schema(spec).empty_table(), [Reject(int(idx[0]), "malformed", explain(int(idx[0]), e))]
+    half = len(idx) // 2
+    a_idx, a_table, a_rejects = _isolate(spec, build, idx[:half], explain)
+    b_idx, b_table, b_rejects = _isolate(spec, build, idx[half:], explain)
+    return np.concatenate([a_idx, b_idx]), pa.concat_tables([a_table, b_table]), a_rejects + b_rejects
 
 
 def decode_json(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
                 arr: np.ndarray) -> Decoded:
-    rejects: list[Reject] = []
-    good = np.ones(len(values), dtype=bool)
-    for i, v in enumerate(values):  # cheap scan for values the line-oriented reader cannot take
-        if v is None or b"\n" in v or not v.strip():
-            good[i] = False
+    """Records holding one JSON object each -> tuples, and rejects for the rest.
+
+    values: record values (None: a tombstone); part/off/arr: per record its partition,
+    offset and arrival time. Never raises."""
+    # Arrow's reader takes a value only as one line (it breaks lines at CR too) starting with an
+    # object: it crashes the process (SIGSEGV, seen with pyarrow 26.0.1) when its input starts with `null`.
+    good = np.array([v is not None and b"\n" not in v and b"\r" not in v and v.lstrip()[:1] == b"{" for v in values],
+                    dtype=bool)
+    rejects = [Reject(int(i), "malformed", _describe_unparsable(spec, values[i])) for i in np.flatnonzero(~good)]
+
+    def build(rows: np.ndarray) -> pa.Table:
+        return _parse_json(spec, [values[i] for i in rows])  # type: ignore[misc]
+
+    def explain(i: int, e: Exception) -> str:
+        return _check_one_json(spec, values[i])[0] or f"{type(e).__name__}: {e}"  # type: ignore[arg-type]
+
+    idx = np.flatnonzero(good)
     try:
-        idx = np.flatnonzero(good)
-        table = _parse_json(spec, [values[i] for i in idx])
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        idx, table = _salvage(spec, values, good, rejects)
-    else:
-        rejects += [Reject(int(i), "malformed", _describe_unparsable(spec, values[i])) for i in np.flatnonzero(~good)]
-    nulls = _null_rows(table)
-    if nulls.any():
-        for i in idx[nulls]:
-            rejects.append(Reject(int(i), "malformed", _check_one_json(spec, values[i]) or "null field"))
-        table = table.filter(pa.array(~nulls))
-        idx = idx[~nulls]
+        table = build(idx) if len(idx) else arrow_schema(spec).empty_table()
+    except (pa.ArrowException, _Unparsable):
+        idx, table = _salvage(spec, values, idx, build, explain, rejects)
+    idx, table = _drop_bad_rows(spec, table, idx, rejects)
     return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects, idx)
+
+
+def _salvage(spec: StreamSpec, values: Sequence[bytes | None], idx: np.ndarray,
+             build: Callable[[np.ndarray], pa.Table], explain: Callable[[int, Exception], str],
+             rejects: list[Reject]) -> tuple[np.ndarray, pa.Table]:
+    """Slow path after a failed poll: the records `idx` Arrow can take, as a table (in record
+    order); the rest added to `rejects`.
+
+    Arrow judges (a record's fate must not depend on its neighbours, or a replay of one
+    group's records could decide otherwise than the poll did), but an Arrow call costs ~0.5 ms
+    whatever its size, so Python's json sorts first: records it is sure Arrow (or
+    `_bad_rows`) refuses are rejected without asking; those it finds fine and those it is
+    unsure of are bisected, as two groups, down to the records Arrow refuses."""
+    verdicts = [_check_one_json(spec, values[i]) for i in idx.tolist()]  # type: ignore[arg-type]
+    fine = np.array([problem is None for problem, _ in verdicts], dtype=bool)
+    sure = np.array([certain for _, certain in verdicts], dtype=bool)
+    rejects += [Reject(int(i), "malformed", verdicts[n][0]) for n, i in enumerate(idx) if sure[n]]  # type: ignore[arg-type]
+    parts = [_isolate(spec, build, idx[fine], explain), _isolate(spec, build, idx[~fine & ~sure], explain)]
+    kept = np.concatenate([p[0] for p in parts])
+    rejects += [r for p in parts for r in p[2]]
+    order = np.argsort(kept, kind="stable")
+    return kept[order], pa.concat_tables([p[1] for p in parts]).take(order)
 
 
 def _describe_unparsable(spec: StreamSpec, value: bytes | None) -> str:
     if value is None or not value.strip():
         return "empty value"
-    return _check_one_json(spec, value) or "JSON spread over several lines"
-
-
-def _salvage(spec: StreamSpec, values: Sequence[bytes | None], good: np.ndarray,
-             rejects: list[Reject]) -> tuple[np.ndarray, pa.Table]:
-    for i in range(len(values)):
-        if not good[i]:
-            rejects.append(Reject(i, "malformed", _describe_unparsable(spec, values[i])))
-            continue
-        problem = _check_one_json(spec, values[i])  # type: ignore[arg-type]
-        if problem is not None:
-            good[i] = False
-            rejects.append(Reject(i, "malformed", problem))
-    idx = np.flatnonzero(good)
-    return idx, _parse_json(spec, [values[i] for i in idx]) if len(idx) else arrow_schema(spec).empty_table()
+    if b"\n" in value or b"\r" in value:
+        return "JSON spread over several lines"
+    return _check_one_json(spec, value)[0] or "JSON value must be an object"
 
 
 def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
                 arr: np.ndarray) -> Decoded:
+    """Records holding one schemaless Avro record each (the stream's avro_schema) -> tuples, and
+    rejects. values/part/off/arr as for decode_json. Never raises."""
     # fastavro decodes record by record in C; Avro producers that need the
     # block path's speed should write blocks instead.
     schema = fastavro.parse_schema(avro_schema(spec))
@@ -178,7 +290,18 @@ def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
         except Exception as e:  # fastavro raises many types on bad bytes
             rejects.append(Reject(i, "malformed", f"not Avro for stream {spec.name}: {type(e).__name__}: {e}"))
     idx = np.asarray(keep, dtype=np.int64)
-    table = pa.Table.from_pylist(rows, schema=arrow_schema(spec)) if rows else arrow_schema(spec).empty_table()
+    row_of = {i: r for r, i in enumerate(keep)}
+
+    def build(records: np.ndarray) -> pa.Table:
+        return pa.Table.from_pylist([rows[row_of[i]] for i in records.tolist()], schema=arrow_schema(spec))
+
+    def explain(i: int, e: Exception) -> str:
+        return f"Avro record does not fit stream {spec.name}: {type(e).__name__}: {e}"
+
+    # Bytes written with another schema can still read as a record, e.g. a long past int64.
+    idx, table, refused = _isolate(spec, build, idx, explain)
+    rejects += refused
+    idx, table = _drop_bad_rows(spec, table, idx, rejects)
     return Decoded(table_to_block(spec, table, part[idx], off[idx], arr[idx]), rejects, idx)
 
 
@@ -193,6 +316,10 @@ def read_ipc(value: bytes) -> pa.Table:
 
 def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
                   arr: np.ndarray) -> Decoded:
+    """Records holding an Arrow IPC stream of many tuples each -> tuples, and rejects.
+
+    values/part/off/arr as for decode_json. A block is one record: a bad row anywhere (a null,
+    a non-finite float, a time out of range) rejects the whole record. Never raises."""
     tables, records, offs, rejects = [], [], [], []
     want = arrow_schema(spec)
     for i, v in enumerate(values):
@@ -200,6 +327,8 @@ def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.nda
             whole = read_ipc(v or b"")
             t = whole.select(list(spec.fields)).cast(want)
             index = _tuple_index(whole)
+            if not 0 <= int(off[i]) < 1 << (63 - BLOCK_SHIFT):
+                raise ValueError(f"offset {off[i]} does not fit beside {BLOCK_SHIFT} bits of tuple index")
         except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of stream {spec.name}: {e}"))
             continue
@@ -209,19 +338,21 @@ def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.nda
     if not tables:
         empty = np.empty(0, np.int64)
         return Decoded(table_to_block(spec, want.empty_table(), empty, empty, empty), rejects, empty)
-    table = pa.concat_tables(tables)
-    record = np.concatenate(records)
-    nulls = _null_rows(table)
-    block = table_to_block(spec, table, part[record], np.concatenate(offs), arr[record])
-    if nulls.any():
-        # A block is one record: a null anywhere rejects the rows, reported against the record.
-        block, record = block.filter(~nulls), record[~nulls]
-    return Decoded(block, rejects, record)
+    table, record, offsets = pa.concat_tables(tables), np.concatenate(records), np.concatenate(offs)
+    bad, why = _bad_rows(spec, table)
+    if bad.any():
+        refused, first = np.unique(record[bad], return_index=True)
+        rejects += [Reject(int(i), "malformed", f"a tuple of the block: {w}") for i, w in zip(refused, why[bad][first])]
+        keep = ~np.isin(record, refused)
+        table, record, offsets = table.filter(pa.array(keep)), record[keep], offsets[keep]
+    return Decoded(table_to_block(spec, table, part[record], offsets, arr[record]), rejects, record)
 
 
 def _tuple_index(table: pa.Table) -> np.ndarray:
     """Each tuple's index in its record: its row, or for a block forwarded by the
     repartitioner (a subset of a record's tuples) the BLOCK_INDEX column it carries."""
+    if table.num_rows > 1 << BLOCK_SHIFT:
+        raise ValueError(f"{table.num_rows} tuples, more than a record's {1 << BLOCK_SHIFT} tuple indexes")
     if BLOCK_INDEX not in table.column_names:
         return np.arange(table.num_rows, dtype=np.int64)
     index = table.column(BLOCK_INDEX).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -267,6 +398,6 @@ def decode_block(data: bytes) -> Block:
 
 
 __all__ = [
-    "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_INDEX", "BLOCK_SHIFT", "DECODERS", "Decoded", "Reject",
+    "ARR", "KEY", "OFF", "PART", "TS", "BLOCK_INDEX", "BLOCK_SHIFT", "DECODERS", "TIME_BOUND", "Decoded", "Reject",
     "arrow_schema", "avro_schema", "decode_block", "encode_block", "keys_are_exact", "read_ipc",
 ]

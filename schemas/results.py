@@ -49,6 +49,7 @@ class BatchCommit(BaseModel):
     results: int
     worker: str
     epoch: int = 0
+    now_ms: int | None = None  # the wall clock the batch was decided at: replay judges join.max_future_ms by it
 
 
 class RoundRelease(BaseModel):

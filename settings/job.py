@@ -131,6 +131,10 @@ class JoinSpec(_Strict):
         default="auto",
         description="hash mode: a record whose partition is not murmur2(join key) mod partitions is re-routed "
                     "through <job>.<stream>.by-key (auto) or dead-lettered as misrouted (never)")
+    max_future_ms: int | None = Field(
+        default=300_000, ge=0,
+        description="a record whose event time is more than this ahead of the worker's clock is dead-lettered "
+                    "(reason future) and never moves a watermark; 0 or null = no limit")
 
 
 class OutputSpec(_Strict):

@@ -18,6 +18,12 @@ forwarded to its group through `<job>.<stream>.by-key` (a `Forward`, written
 in the cycle's transaction), with `never` it is dead-lettered. A tuple keeps
 its source identity (topic, partition, offset) on the way, so result ids do
 not depend on the route.
+
+Hostile input. No record stops a worker: whatever a record's bytes or headers,
+it becomes tuples or dead letters (reasons: malformed, oversize,
+unknown-stream, misrouted, and `future` for event times more than
+join.max_future_ms ahead of the worker's clock, which would otherwise carry a
+group's watermark past every later record).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Mapping
 import numpy as np
 from confluent_kafka import Message
 
-from streamjoin.engine.block import OFF, Block
+from streamjoin.engine.block import OFF, TS, Block
 from streamjoin.schemas.codecs import BLOCK_INDEX, BLOCK_SHIFT, DECODERS, Reject, encode_block
 from streamjoin.settings import JobSettings, StreamSpec
 from streamjoin.topology.partitioner import key_text, partitions_for_keys
@@ -37,6 +43,10 @@ STREAM_HEADER = "stream"  # optional: producers sharing a topic name the stream 
 # Headers of a forwarded record: where it was read, so the tuple keeps its identity.
 H_ORIGIN_PARTITION, H_ORIGIN_OFFSET = "sj-origin-partition", "sj-origin-offset"
 MISROUTED = "misrouted"
+FUTURE = "future"
+# Origin coordinates a forwarded record may name: a partition fits the buffer's packing
+# (record_index), an offset leaves BLOCK_SHIFT bits for a block's tuple index.
+_MAX_ORIGIN_PARTITION, _MAX_ORIGIN_OFFSET = 1 << 19, 1 << (63 - BLOCK_SHIFT)
 Positions = dict[str, dict[int, int]]  # topic -> partition -> next offset
 
 
@@ -149,9 +159,12 @@ def origin_of(m: Message) -> tuple[int, int] | None:
     """(partition, offset) a forwarded record names, or None if its headers do not."""
     found = {k: v for k, v in m.headers() or [] if k in (H_ORIGIN_PARTITION, H_ORIGIN_OFFSET)}
     try:
-        return int(found[H_ORIGIN_PARTITION]), int(found[H_ORIGIN_OFFSET])
+        partition, offset = int(found[H_ORIGIN_PARTITION]), int(found[H_ORIGIN_OFFSET])
     except (KeyError, TypeError, ValueError):
         return None
+    if not (0 <= partition < _MAX_ORIGIN_PARTITION and 0 <= offset < _MAX_ORIGIN_OFFSET):
+        return None  # not one streamjoin wrote: dead-lettered as foreign
+    return partition, offset
 
 
 @dataclass(frozen=True)
@@ -184,12 +197,13 @@ def routing_for(job: JobSettings, source_partitions: int) -> Routing:
 
 
 def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, routing: Routing,
-                    routed: Mapping[int, Mapping[int, int]]) -> dict[int, GroupSlice]:
+                    routed: Mapping[int, Mapping[int, int]], now_ms: int | None = None) -> dict[int, GroupSlice]:
     """Decode a stream's buffered records and split them by group.
 
     `routing` says how tuples reach their groups; `routed[g]` holds group g's newest source
     offset per source partition taken through the by-key topic so far (its checkpoint), so
-    that a forwarded record seen again is taken once."""
+    that a forwarded record seen again is taken once. `now_ms` is the wall clock that
+    join.max_future_ms is measured from (None: no future check)."""
     spec = job.streams[stream_index]
     fresh, marks = _first_copies(buf, routed)
     screened = _screen(job, spec, buf)
@@ -203,6 +217,12 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
     dead = [_dead(stream_index, buf, i, r) for i, r in enumerate(screened) if r is not None and fresh[i]]
     dead += [_dead(stream_index, buf, int(keep[r.index]), r) for r in decoded.rejects]
     block, record = decoded.block, keep[decoded.records]
+    if now_ms is not None and job.join.max_future_ms:
+        ahead = block[TS] > now_ms + job.join.max_future_ms
+        if ahead.any():
+            detail = f"event time more than join.max_future_ms={job.join.max_future_ms} ahead of the clock {now_ms}"
+            dead += _tuples_dead(spec, stream_index, buf, block.filter(ahead), record[ahead], FUTURE, detail)
+            block, record = block.filter(~ahead), record[~ahead]
     groups = np.asarray(buf.groups, np.int64)[record]
     rerouted = np.asarray(buf.rerouted, bool)[record]
     forwards: list[Forward] = []
@@ -308,6 +328,18 @@ def _block_of(spec: StreamSpec, tuples: Block, rows: np.ndarray) -> bytes:
     return encode_block(Block({f: tuples[f][rows] for f in spec.fields} | {BLOCK_INDEX: index}))
 
 
+def _tuples_dead(spec: StreamSpec, stream: int, buf: RecordBuffer, tuples: Block, records: np.ndarray, reason: str,
+                 detail: str) -> list[DeadRecord]:
+    """Tuples as dead letters: a JSON/Avro record whole, a block record's `tuples` as a block of
+    just those. `records[r]` is tuple r's record in `buf`."""
+    if spec.format != "blocks":
+        return [DeadRecord(stream, buf.groups[i], buf.partitions[i], buf.offsets[i], buf.keys[i], buf.values[i], reason,
+                           detail) for i in records.tolist()]
+    return [DeadRecord(stream, buf.groups[i], buf.partitions[i], buf.offsets[i], buf.keys[i],
+                       _block_of(spec, tuples, rows), reason, detail)
+            for i, _, rows in _per_record_and_target(records, np.zeros(len(records), np.int64))]
+
+
 def _dead_misrouted(stream: int, buf: RecordBuffer, i: int, value: bytes | None, target: int,
                     routing: Routing) -> DeadRecord:
     if routing.source_partitions != routing.partitions:
@@ -362,9 +394,11 @@ def _screen(job: JobSettings, spec: StreamSpec, buf: RecordBuffer) -> list[Rejec
 
 
 def _stream_header(headers: list | None) -> str | None:
+    """The stream a record's headers name, if any; a value that is not UTF-8 (or not bytes, or
+    None) names no stream of the job, so the record is dead-lettered as unknown-stream."""
     for k, v in headers or []:
         if k == STREAM_HEADER:
-            return v.decode(errors="replace") if v is not None else ""
+            return v.decode(errors="replace") if isinstance(v, bytes) else repr(v)
     return None
 
 

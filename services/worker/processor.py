@@ -30,6 +30,7 @@ class GroupBatch:
     appended: list[Block]
     state: GroupState
     duplicates: int  # forwarded records skipped as copies of ones taken before
+    now_ms: int  # the wall clock the batch was decided at (recorded in its commit, so replay decides the same)
 
 
 def join_plan(job: JobSettings) -> JoinPlan:
@@ -56,7 +57,7 @@ def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: d
         if len(buf):
             name = job.streams[i].name
             routed = {g: s.checkpoint.routed.get(name, {}) for g, s in states.items()}
-            for g, sl in decode_by_group(job, i, buf, routings[i], routed).items():
+            for g, sl in decode_by_group(job, i, buf, routings[i], routed, now_ms).items():
                 slices.setdefault(g, {})[i] = sl
     idle, floors = idle or {}, floors or {}
     return [run_group_batch(job, plan, store, states[g], g, slices.get(g, {}), buffers, now_ms,
@@ -85,7 +86,8 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
         "watermark": state.window.watermark,
     })
     return GroupBatch(group, seq, outcome.results, dead, [f for sl in slices.values() for f in sl.forwards], end,
-                      state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()))
+                      state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()),
+                      now_ms)
 
 
 def _tag(block: Block, seq: int) -> Block:

@@ -66,8 +66,10 @@ def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: Win
                 f"group {group}: the commits topic holds batch {commit.seq} but state is at {state.checkpoint.seq}; "
                 "the state directory does not belong to this job's topics (wipe it or use a fresh job name)")
         buffers = _read_inputs(job, cluster, group, state.checkpoint.end, commit.end)
-        # The recorded watermark as a floor: a batch an idle stream let advance replays exactly.
-        replayed = run_cycle(job, plan, store, buffers, routings, now_ms=int(time.time() * 1000), extra=[group],
+        # The original attempt's clock (records past join.max_future_ms are judged as they were) and
+        # its recorded watermark as a floor (a batch an idle stream let advance replays exactly).
+        now_ms = commit.now_ms if commit.now_ms is not None else int(time.time() * 1000)
+        replayed = run_cycle(job, plan, store, buffers, routings, now_ms, extra=[group],
                              floors={group: commit.watermark})
         if [b.group for b in replayed] != [group] or replayed[0].end != commit.end:
             raise RuntimeError(f"group {group}: replay of batch {commit.seq} did not reach its recorded boundary")

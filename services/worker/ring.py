@@ -426,7 +426,7 @@ class RingHead:
         for i, buf in self.buffers.items():
             if not len(buf):
                 continue
-            slices = decode_by_group(self.job, i, buf, self.routing, {})
+            slices = decode_by_group(self.job, i, buf, self.routing, {}, now_ms=int(time.time() * 1000))
             dead: list[DeadRecord] = [d for sl in slices.values() for d in sl.dead]
             blocks = [sl.block for sl in slices.values()]
             block = Block({k: np.concatenate([b[k] for b in blocks]) for k in blocks[0].names})
