@@ -148,12 +148,14 @@ FETCH = 1  # the Kafka api_key of Fetch
 class DelayingProxy(SniffingProxy):
     """A SniffingProxy that holds each response to a request of a kind in `slow_api_keys`
     (default: Fetch) for `delay_s` seconds before passing it on; responses on a connection
-    keep their order, so whatever follows a held one waits too. `delay_s = 0` forwards at once."""
+    keep their order, so whatever follows a held one waits too. `delay_s = 0` forwards at once.
+    `delay_new_connections` holds them on connections opened from then on only."""
 
     def __init__(self, listen_port: int, target_port: int, delay_s: float = 0.0,
                  slow_api_keys: frozenset[int] = frozenset({FETCH})) -> None:
         self.delay_s, self.slow_api_keys = delay_s, slow_api_keys
-        self.delayed = 0  # responses held back so far
+        self.held = 0  # responses held back so far (counted when held, not when released)
+        self._new_delay_s = 0.0
         self._api_of: dict[tuple[int, int], int] = {}  # (client socket fd, correlation id) -> api_key
         super().__init__(listen_port, target_port)
 
@@ -161,9 +163,13 @@ class DelayingProxy(SniffingProxy):
         for r in requests:
             self._api_of[(client.fileno(), r.correlation_id)] = r.api_key
 
+    def delay_new_connections(self, delay_s: float) -> None:
+        """Hold slow responses `delay_s` on the connections accepted from now on (old ones keep `delay_s`)."""
+        self._new_delay_s = delay_s
+
     def _forward_responses(self, upstream: socket.socket, client: socket.socket) -> None:
         """Each response is an int32 size, then the correlation id of the request it answers."""
-        pending, fd = bytearray(), client.fileno()
+        pending, fd, own_delay_s = bytearray(), client.fileno(), self._new_delay_s
         try:
             while data := upstream.recv(1 << 16):
                 pending += data
@@ -175,9 +181,10 @@ class DelayingProxy(SniffingProxy):
                     del pending[:4 + size]
                     with self._lock:
                         api_key = self._api_of.pop((fd, correlation_id), None)
-                    if api_key in self.slow_api_keys and self.delay_s > 0:
-                        self.delayed += 1
-                        time.sleep(self.delay_s)
+                    delay_s = max(self.delay_s, own_delay_s)
+                    if api_key in self.slow_api_keys and delay_s > 0:
+                        self.held += 1
+                        time.sleep(delay_s)
                     client.sendall(frame)
         except OSError:
             pass

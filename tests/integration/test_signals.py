@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from streamjoin.launcher import Fleet, wait_drained, write_job
+from streamjoin.schemas import control
 from streamjoin.services import broker as embedded
 from streamjoin.services import kafka
 from streamjoin.services.shutdown import GRACE_S
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import check, produce
-from tests.integration.tcp_proxy import Proxy
-from tests.integration.test_hash_join import _metric, _produce_steadily, rows_out_of_order
+from tests.integration.tcp_proxy import DelayingProxy, Proxy
+from tests.integration.test_hash_join import _metric, _produce_steadily, _wait_metric, rows_out_of_order
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +90,67 @@ def test_sigterm_while_the_broker_is_unreachable(tmp_path: Path) -> None:
             fleet.stop_all()
         proxy.pause()
         b.stop()
+
+
+def test_sigterm_while_recovery_waits_on_the_broker(tmp_path: Path) -> None:
+    """A worker whose recovery's reads get no answer (every Fetch on a new connection held
+    for minutes: recovery opens new consumers, the worker's own clients keep theirs) exits
+    0 promptly on SIGTERM, out of the recovery retry loop."""
+    front = embedded.free_port()
+    b = embedded.start(log_path=tmp_path / "broker.log", advertised_port=front)
+    proxy = DelayingProxy(front, b.listen_port)
+    fleet: Fleet | None = None
+    try:
+        embedded.wait_until_ready(b.bootstrap, 30, b.process)
+        job = make_job(b.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4)
+        topics.ensure(kafka.Cluster(b.bootstrap).admin(), job)
+        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), b.bootstrap, tmp_path / "logs")
+        fleet.restart_workers = False
+        fleet.start_coordinator()
+        fleet.start_worker("w0")
+        fleet.wait_assigned(["w0"])
+        produce(job, b.bootstrap, rows_out_of_order("rs", 2000, 50, seed=23))
+        wait_drained(job, b.bootstrap, fleet, timeout=120)
+        code, took = _terminate(fleet, "coordinator")  # from here on, the test assigns the groups itself
+        assert code == 0 and took < PROMPT_S, (code, took)
+
+        fleet.kill("w0", signal.SIGTERM)
+        fleet.start_worker("w0")
+        log = tmp_path / "logs" / "w0.log"
+        _wait_for_line(log, "worker started", after=log.read_text().count("worker started"))
+        time.sleep(1)  # its control consumer has its connection and is fetching
+        proxy.delay_new_connections(300)
+        _assign(job, b.bootstrap, "w0", list(range(job.partitions)))
+        deadline = time.monotonic() + 30
+        while proxy.held == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proxy.held > 0, "recovery never read"
+        time.sleep(1)
+        assert _metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total") == 0  # still recovering
+        code, took = _terminate(fleet, "w0")
+        assert code == 0 and took < PROMPT_S, (code, took)
+        assert "stopped while waiting on the broker" in log.read_text()
+    finally:
+        if fleet is not None:
+            fleet.stop_all()
+        proxy.pause()
+        b.stop()
+
+
+def _wait_for_line(path: Path, text: str, after: int, timeout: float = 60) -> None:
+    """Until `path` holds more than `after` lines with `text`."""
+    deadline = time.monotonic() + timeout
+    while path.read_text().count(text) <= after:
+        assert time.monotonic() < deadline, f"no new {text!r} in {path} within {timeout}s"
+        time.sleep(0.2)
+
+
+def _assign(job, bootstrap: str, worker: str, groups: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Tell `worker` its groups on the control topic, as the coordinator would."""
+    producer = kafka.Cluster(bootstrap).producer()
+    message = control.Assignment(worker=worker, groups=groups, epoch=1)
+    producer.produce(job.control_topic, value=control.encode(message), key=b"assignment", partition=0)
+    assert producer.flush(30) == 0
 
 
 def _child_pids(pid: int) -> list[int]:
