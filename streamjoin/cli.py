@@ -85,16 +85,14 @@ def broker(port: Annotated[int, typer.Option(help="loopback port (0 = any free p
     from streamjoin.services.shutdown import Stopped, raise_on_signals
 
     raise_on_signals()
-    b = embedded.start(port or None)
     try:
-        print(b.bootstrap, flush=True)
-        console.print(f"broker ready at {b.bootstrap}; Ctrl-C stops it (its records go with it)")
-        code = b.process.wait()
+        with embedded.start(port or None) as b:  # a stop while it starts: Tansu's death signal ends it
+            print(b.bootstrap, flush=True)
+            console.print(f"broker ready at {b.bootstrap}; Ctrl-C stops it (its records go with it)")
+            code = b.process.wait()
     except Stopped:
-        console.print("stopping the broker")
+        console.print("broker stopped")
         return
-    finally:
-        b.stop()
     console.print(f"[red]error:[/red] the broker exited on its own with code {code}")
     raise typer.Exit(1)
 
