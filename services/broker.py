@@ -12,8 +12,8 @@ import ctypes
 import os
 import signal
 import socket
-import sys
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -13,9 +13,9 @@ from confluent_kafka import OFFSET_END, TopicPartition
 
 from streamjoin.schemas import control
 from streamjoin.services import kafka, metrics
-from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.services.coordinator import placement as placing
 from streamjoin.services.coordinator.ring import RingCoordination
+from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 
