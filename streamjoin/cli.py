@@ -77,16 +77,24 @@ def _cluster(settings: JobSettings) -> "Cluster":
 
 @app.command()
 def broker(port: Annotated[int, typer.Option(help="loopback port (0 = any free port)")] = 0) -> None:
-    """Start the embedded Kafka-compatible broker (Tansu, memory only) and wait."""
-    from streamjoin.services import broker as embedded
+    """Start the embedded Kafka-compatible broker (Tansu, memory only) and wait.
 
-    b = embedded.start(port or None)
-    print(b.bootstrap, flush=True)
-    console.print(f"broker ready at {b.bootstrap}; Ctrl-C stops it (its records go with it)")
+    SIGTERM or Ctrl-C stops it and its Tansu child (which dies with this process even on
+    SIGKILL: services/broker.py); exits 0 then, 1 if Tansu ended on its own."""
+    from streamjoin.services import broker as embedded
+    from streamjoin.services.shutdown import Stopped, raise_on_signals
+
+    raise_on_signals()
     try:
-        b.process.wait()
-    except KeyboardInterrupt:
-        b.stop()
+        with embedded.start(port or None) as b:  # a stop while it starts: Tansu's death signal ends it
+            print(b.bootstrap, flush=True)
+            console.print(f"broker ready at {b.bootstrap}; Ctrl-C stops it (its records go with it)")
+            code = b.process.wait()
+    except Stopped:
+        console.print("broker stopped")
+        return
+    console.print(f"[red]error:[/red] the broker exited on its own with code {code}")
+    raise typer.Exit(1)
 
 
 @topics_app.command("create")
@@ -240,12 +248,20 @@ def demo(
     job: JobOpt = None, bootstrap: BootstrapOpt = None,
     rate: Annotated[Optional[float], typer.Option(min=0.1, help="tuples/s per stream")] = None,
 ) -> None:
-    """End to end: broker, coordinator, workers, Spark sources, drain, Spark verify, report."""
+    """End to end: broker, coordinator, workers, Spark sources, drain, Spark verify, report.
+
+    SIGTERM or Ctrl-C stops every process it started (broker included) and exits 0, no report."""
     from streamjoin.demo import run_demo
+    from streamjoin.services.shutdown import Stopped, raise_on_signals
 
     s = _settings(job, bootstrap=bootstrap)
     logs.configure("demo", level="WARNING")
-    result = run_demo(s, seconds=seconds, workers=workers, report_path=report, rate=rate)
+    raise_on_signals()
+    try:
+        result = run_demo(s, seconds=seconds, workers=workers, report_path=report, rate=rate)
+    except Stopped:
+        console.print("demo stopped; its services and broker are stopped too")
+        return
     keys = ("verified", "inputs", "results", "missing", "extra", "duplicates", "dead_letter", "delay_ms", "logs")
     print(json.dumps({k: result.get(k) for k in keys} | {"report": str(report)}, indent=2))
     raise typer.Exit(0 if result["verified"] else 1)

@@ -6,7 +6,6 @@ restarted worker or coordinator converges without extra protocol)."""
 
 from __future__ import annotations
 
-import signal
 import time
 
 import structlog
@@ -16,6 +15,7 @@ from streamjoin.schemas import control
 from streamjoin.services import kafka, metrics
 from streamjoin.services.coordinator import placement as placing
 from streamjoin.services.coordinator.ring import RingCoordination
+from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 
@@ -33,19 +33,34 @@ class Coordinator:
         self.epoch = 0
         self.last_seen: dict[str, float] = {}
         self.health = metrics.HealthState()
-        self.stopping = False
+        self.stop_flag = StopFlag()
         self.ring = RingCoordination(job, self.cluster, self.out) if job.join.mode == "ring" else None
 
     def run(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        """Serve until SIGTERM/SIGINT (services/shutdown.py), then close the clients."""
+        self.stop_flag.install()
         metrics.serve(self.metrics_port, self.health)
-        kafka.wait_for_broker(self.cluster, log)
-        topics.ensure(self.cluster.admin(), self.job)
-        self.placement, self.epoch = placing.load(self.job, self.cluster)
+        try:
+            self._start()
+            self._loop()
+        except Stopped:
+            log.info("stopped while waiting on the broker")
+        self.health.ready, self.health.detail = False, "stopping"
+        self.control_in.close()
+        self.out.flush(5)
+        log.info("coordinator stopped")
+
+    def _start(self) -> None:
+        with self.stop_flag.interruptible():
+            kafka.wait_for_broker(self.cluster, log)
+            topics.ensure(self.cluster.admin(), self.job)
+            self.placement, self.epoch = placing.load(self.job, self.cluster)
         log.info("coordinator started", groups_placed=len(self.placement), epoch=self.epoch)
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
+
+    def _loop(self) -> None:
         self.health.ready, self.health.detail = True, "running"
-        while not self.stopping:
+        while not self.stop_flag.set:
             for m in self.control_in.consume(500, 0.2):
                 if m.error() is None:
                     msg = control.decode_control(m.value())
@@ -54,11 +69,9 @@ class Coordinator:
                     elif isinstance(msg, control.RingChange) and self.ring is not None:
                         self.ring.on_change(msg)
             self._update_metrics()
-        self.control_in.close()
-        self.out.flush(5)
 
     def stop(self) -> None:
-        self.stopping = True
+        self.stop_flag.request()
 
     def alive(self) -> list[str]:
         horizon = time.monotonic() - self.job.coordinator.heartbeat_timeout_ms / 1000

@@ -10,7 +10,6 @@ results topic (services/worker/recovery.py).
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, Messag
 from streamjoin.engine.window_join import template
 from streamjoin.schemas import control
 from streamjoin.services import kafka, metrics
+from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of, routing_for
 from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import GroupBatch, join_plan, run_cycle
@@ -65,24 +65,38 @@ class Worker:
         self.heard: dict[int, np.ndarray] = {}  # group -> per stream, wall ms of its last record (or of assignment)
         self.idle_seen: dict[int, frozenset[int]] = {}  # group -> its idle streams at its last batch
         self.health = metrics.HealthState()
-        self.stopping = False
+        self.stop_flag = StopFlag()
         self.metrics_url = ""
 
     # ------------------------------------------------------------------ main
     def run(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        """Serve until SIGTERM/SIGINT (services/shutdown.py), then stop cleanly."""
+        self.stop_flag.install()
         server = metrics.serve(self.metrics_port, self.health)
         metrics.HOT_LIMIT.set(self.job.worker.hot_bytes)
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
-        kafka.wait_for_broker(self.cluster, log)
-        self._wait_for_topics()
-        self.routings = self._routings()
-        self.emitter.start()
+        try:
+            self._start()
+            self._loop()
+        except Stopped:
+            # Stopped in a wait on the broker: the cycle in hand is left for recovery to replay.
+            log.info("stopped while waiting on the broker; dropping the cycle in hand", worker=self.worker_id)
+            self.pending = {}
+        self._shutdown()
+
+    def _start(self) -> None:
+        with self.stop_flag.interruptible():
+            kafka.wait_for_broker(self.cluster, log)
+            self._wait_for_topics()
+            self.routings = self._routings()
+            self.emitter.start()
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
         log.info("worker started", worker=self.worker_id, metrics=self.metrics_url)
+
+    def _loop(self) -> None:
         last_cycle = last_beat = 0.0
         self.health.ready, self.health.detail = True, "running"
-        while not self.stopping:
+        while not self.stop_flag.set:
             self._poll_control()
             self._take(self.consumer.consume(self.job.worker.max_batch_records, self.job.worker.batch_ms / 4000))
             now = time.monotonic()
@@ -93,10 +107,9 @@ class Worker:
                 self._commit_skipped_markers()
                 self._heartbeat()
                 last_beat = now
-        self._shutdown()
 
     def stop(self) -> None:
-        self.stopping = True
+        self.stop_flag.request()
 
     def _wait_for_topics(self) -> None:
         """Workers may start before the coordinator has created the topics."""
@@ -114,8 +127,13 @@ class Worker:
         return [routing_for(self.job, len(metadata[self.job.topic_of(s)].partitions)) for s in self.job.streams]
 
     def _shutdown(self) -> None:
+        """Finish the cycle in hand (if any), close the clients and the store."""
+        self.health.ready, self.health.detail = False, "stopping"
         if self.pending:
-            self._cycle()
+            try:
+                self._cycle()
+            except Stopped:
+                pass  # the cycle failed and its recovery was cut short: the next start replays it
         self.consumer.close()
         self.control_in.close()
         self.control_out.flush(5)
@@ -270,17 +288,19 @@ class Worker:
 
     def _recover_until_done(self, groups: set[int]) -> dict[int, set[tuple[str, int, int]]]:
         """Recovery reads Kafka; while the broker is away, wait for it and try again. Returns
-        per group the dead letters an attempt that never committed already wrote."""
-        while True:
-            try:
-                return recover_groups(self.job, self.cluster, self.plan, self.store, self.emitter, self.consumer,
-                                      self.routings, sorted(groups))
-            except (KafkaException, TimeoutError) as e:
-                log.warning("recovery interrupted by the broker; retrying", groups=len(groups), error=str(e))
-                self.emitter.abort()
-                for g in groups:
-                    self.store.forget(g)
-                kafka.wait_for_broker(self.cluster, log)
+        per group the dead letters an attempt that never committed already wrote. Raises
+        Stopped when a stop is asked for meanwhile: recovery is safe to abandon (a crash)."""
+        with self.stop_flag.interruptible():
+            while True:
+                try:
+                    return recover_groups(self.job, self.cluster, self.plan, self.store, self.emitter,
+                                          self.consumer, self.routings, sorted(groups))
+                except (KafkaException, TimeoutError) as e:
+                    log.warning("recovery interrupted by the broker; retrying", groups=len(groups), error=str(e))
+                    self.emitter.abort()
+                    for g in groups:
+                        self.store.forget(g)
+                    kafka.wait_for_broker(self.cluster, log)
 
     def _observe(self, batches: list[GroupBatch], seconds: float) -> None:
         metrics.BATCH_SECONDS.observe(seconds)

@@ -51,7 +51,9 @@ def recover_groups(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, sto
     present = _results_present(job, cluster, {g: checkpoints[g].results_next for g in behind})
     for g in behind:
         _replay(job, cluster, plan, store, emitter, consumer, routings, g, commits[g], *present[g])
-    return _dead_letters_written(job, cluster, {g: store.get(g).checkpoint.dead_letter_next for g in groups})
+    dead = _dead_letters_written(job, cluster, {g: store.get(g).checkpoint.dead_letter_next for g in groups})
+    metrics.RECOVERIES.inc()
+    return dead
 
 
 def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: WindowedStore, emitter: Emitter,

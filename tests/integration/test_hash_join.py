@@ -101,6 +101,8 @@ def test_worker_killed_and_restarted_stays_exact(broker, fleet_for, tmp_path) ->
         fleet.kill("w0", signal.SIGKILL)
         time.sleep(0.5)
         fleet.start_worker("w0")
+        # Each restart recovers its groups (replaying a batch or not, as the kill fell) before it joins.
+        _wait_metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total", 1, timeout=60)
     writer.join()
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
     result = check(job, broker.bootstrap)
@@ -141,6 +143,21 @@ def _metric(port: int, name: str) -> float:
     return float(samples[0])
 
 
+def _wait_metric(port: int, name: str, at_least: float, timeout: float) -> float:
+    """Until the service on `port` serves `name` >= `at_least` (it may still be starting); its value."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        try:
+            value = _metric(port, name)
+        except (OSError, IndexError):  # not serving yet, or no sample yet
+            value = None
+        if value is not None and value >= at_least:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(f"{name} on port {port} stayed at {value}, below {at_least}, for {timeout}s")
+
+
 def test_coordinator_restart_keeps_placement(broker, fleet_for, tmp_path) -> None:
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
     fleet = fleet_for(job, 2)
@@ -148,7 +165,12 @@ def test_coordinator_restart_keeps_placement(broker, fleet_for, tmp_path) -> Non
     fleet.kill("coordinator", signal.SIGKILL)
     fleet.start_coordinator()
     produce(job, broker.bootstrap, rows_out_of_order("rs", 3000, 200, seed=5))
-    time.sleep(3)  # heartbeats reach the new coordinator, which must not move anything
+    # The new coordinator has loaded the placement and read both workers' heartbeats: had it
+    # lost the placement, it would have made a new one (epoch 2) by now.
+    port = fleet.metrics_ports["coordinator"]
+    _wait_metric(port, "streamjoin_coordinator_groups_placed", 60, timeout=60)
+    _wait_metric(port, "streamjoin_coordinator_workers_alive", 2, timeout=60)
+    time.sleep(2 * job.worker.heartbeat_ms / 1000)  # any assignment it sent is applied and beaten back
     after = snapshot(job, kafka.Cluster(broker.bootstrap))
     assert after["epoch"] == before["epoch"] == 1
     placed = {w["worker"]: w["placed_groups"] for w in after["workers"]}

@@ -1,0 +1,89 @@
+"""Stopping a service when asked: SIGTERM (what Kubernetes sends) or SIGINT (Ctrl-C).
+
+A service loop looks at `StopFlag.set` between cycles and ends cleanly: it finishes
+or drops the cycle in hand (both are safe: recovery replays what was decided and
+never checkpointed), closes its clients and exits 0. Waits that may last for good
+(a broker that is gone, recovery retrying against it) are marked `interruptible`:
+a signal there raises `Stopped` at once instead of waiting for the loop to look.
+A grace timer ends the process (code 0) if the clean path itself hangs, e.g. in a
+librdkafka call that cannot be interrupted, before Kubernetes' SIGKILL would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from types import FrameType
+from typing import Iterator
+
+import structlog
+
+log = structlog.get_logger("streamjoin.shutdown")
+
+GRACE_S = 20.0  # below the 30 s Kubernetes gives a pod by default between SIGTERM and SIGKILL
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """Raised out of an interruptible wait when a stop was asked for. A BaseException, like
+    KeyboardInterrupt, so the `except Exception` of a retry loop does not swallow it."""
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT once `install`ed (from the main thread).
+
+    `grace_s`: how long after the first signal the process may take to stop cleanly
+    before the grace timer ends it with `os._exit(0)`."""
+
+    def __init__(self, grace_s: float = GRACE_S) -> None:
+        self.set = False
+        self.grace_s = grace_s
+        self._interruptible = 0
+
+    def install(self) -> None:
+        for sig in SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def request(self) -> None:
+        """Ask for a stop as a signal does (also from code: tests, a CLI)."""
+        if not self.set:
+            self.set = True
+            timer = threading.Timer(self.grace_s, _out_of_grace, args=(self.grace_s,))
+            timer.daemon = True
+            timer.start()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("stop requested", signal=signal.Signals(signum).name)
+        self.request()
+        if self._interruptible:
+            raise Stopped()
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A stretch a signal may cut short with `Stopped` (raised at entry too when the
+        stop came first). Only for code whose abandonment is a crash recovery handles."""
+        if self.set:
+            raise Stopped()
+        self._interruptible += 1
+        try:
+            yield
+        finally:
+            self._interruptible -= 1
+
+
+def _out_of_grace(grace_s: float) -> None:
+    log.error("did not stop within the grace period; exiting now (recovery replays what was left)",
+              grace_s=grace_s)
+    os._exit(0)
+
+
+def raise_on_signals() -> None:
+    """For one-shot commands (the broker, the demo): SIGTERM and SIGINT raise `Stopped`
+    wherever the main thread is, so `with`/`finally` blocks take their children down."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Stopped()
+
+    for sig in SIGNALS:
+        signal.signal(sig, handler)

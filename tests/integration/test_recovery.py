@@ -1,0 +1,166 @@
+"""Recovery (services/worker/recovery.py) on the embedded broker: a batch decided but
+only partly written is completed exactly once; a broker slow to answer fetches does
+not turn recovery's reads to the end of a partition into partial reads."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from confluent_kafka import TopicPartition
+
+from streamjoin.launcher import Fleet, committed_offsets, input_end_offsets, wait_drained, write_job
+from streamjoin.schemas.results import BatchCommit
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka, metrics
+from streamjoin.services.worker.main import Worker
+from streamjoin.services.worker.output import flush
+from streamjoin.services.worker.processor import GroupBatch, run_cycle
+from streamjoin.services.worker.recovery import recover_groups
+from streamjoin.settings import JobSettings
+from streamjoin.topology import topics
+from tests.integration.conftest import make_job
+from tests.integration.kafka_harness import check, commits, produce, produced_refs
+from tests.integration.tcp_proxy import DelayingProxy
+from tests.integration.test_hash_join import _metric, rows_out_of_order
+
+pytestmark = pytest.mark.integration
+
+
+def _counter(name: str) -> float:
+    """This process's value of a counter sample of services/metrics.py."""
+    return metrics.REGISTRY.get_sample_value(name) or 0.0
+
+
+def _one_cycle(worker: Worker, ends: dict[tuple[str, int], int]) -> list[GroupBatch]:
+    """Take every input record up to `ends` into `worker` (all groups owned) and join them in one cycle."""
+    worker.groups = set(range(worker.job.partitions))
+    worker.consumer.assign(worker._partitions(worker.groups))
+    deadline = time.monotonic() + 60
+    while True:
+        worker._take(worker.consumer.consume(10_000, 0.5))
+        positions = worker.consumer.position([TopicPartition(t, p) for t, p in ends])
+        if all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in positions):
+            break
+        assert time.monotonic() < deadline, "input not read within 60 s"
+    return run_cycle(worker.job, worker.plan, worker.store, worker.pending, worker.routings,
+                     now_ms=int(time.time() * 1000))
+
+
+def _die_after_writing_part(worker: Worker, batches: list[GroupBatch], partial: GroupBatch, keep: int) -> None:
+    """What a worker that died mid-cycle leaves visible: every batch's commit record, the first
+    `keep` results of `partial` and none of the other batches', and no input offsets."""
+    producer = worker.emitter.producer
+    producer.begin_transaction()
+    for b in batches:
+        worker.emitter.produce_commit(b)
+    flush(producer, worker.emitter.deliveries)
+    mask = np.zeros(len(partial.results), dtype=bool)
+    mask[:keep] = True
+    worker.emitter.results.write(partial.results.filter(mask), group=partial.group)
+    producer.commit_transaction(30)  # committed, so visible on any broker, not only on Tansu
+    worker.consumer.close()
+    worker.store.store.close()
+
+
+def test_replay_writes_the_missing_results_once_and_commits_the_offsets(broker, tmp_path: Path) -> None:
+    """exactly_once: a batch whose commit record and part of whose results were written is
+    replayed; the rest of its results go out in one transaction, each result is on the
+    results topic once, and the input offsets are committed at the batch's boundary."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=2,
+                   worker={"exactly_once": True})
+    cluster = kafka.Cluster.of(job)
+    topics.ensure(cluster.admin(), job)
+    produce(job, broker.bootstrap, rows_out_of_order("rs", 800, 20, seed=11))
+    ends = input_end_offsets(job, broker.bootstrap)
+
+    dead = _started(Worker(job, cluster, "dead"))
+    batches = _one_cycle(dead, ends)
+    partial = max(batches, key=lambda b: len(b.results))
+    keep = len(partial.results) // 2
+    assert keep >= 2 and len(partial.results) - keep >= 2  # several present, several missing
+    _die_after_writing_part(dead, batches, partial, keep)
+    assert len(produced_refs(job, broker.bootstrap)) == keep
+
+    replayed, recoveries = _counter("streamjoin_recovered_batches_total"), _counter("streamjoin_recoveries_total")
+    alive = _started(Worker(job, cluster, "w0"))
+    groups = list(range(job.partitions))
+    try:
+        recover_groups(job, cluster, alive.plan, alive.store, alive.emitter, alive.consumer, alive.routings, groups)
+        assert all(alive.store.get(g).checkpoint.seq == 1 for g in groups)
+    finally:
+        alive.consumer.close()
+        alive.store.store.close()
+    assert _counter("streamjoin_recovered_batches_total") - replayed == len(batches)
+    assert _counter("streamjoin_recoveries_total") - recoveries == 1
+
+    refs = Counter(produced_refs(job, broker.bootstrap))
+    assert len(refs) == sum(len(b.results) for b in batches) and max(refs.values()) == 1
+    result = check(job, broker.bootstrap)
+    assert result.exact and result.results == result.expected > 0, result
+    boundary = {(t, p): o for b in batches for t, parts in b.end.items() for p, o in parts.items()}
+    assert committed_offsets(job, broker.bootstrap, list(boundary)) == boundary == ends
+
+
+def _started(worker: Worker) -> Worker:
+    """A worker object ready to cycle in this process: routings read, producer's transactions begun."""
+    worker.routings = worker._routings()
+    worker.emitter.start()
+    return worker
+
+
+def test_recovery_through_slow_fetch_responses_stays_exact(tmp_path: Path) -> None:
+    """Every Fetch response (what end_offsets and read_partitions wait on) held back 1.5 s
+    while a worker whose disk is gone replays every batch: each read must reach its true
+    end (a partial read of the results would rewrite results, one of the commits would
+    skip batches), so the output stays exact and every batch is counted as replayed."""
+    front = embedded.free_port()
+    b = embedded.start(log_path=tmp_path / "broker.log", advertised_port=front)
+    proxy = DelayingProxy(front, b.listen_port)
+    fleet: Fleet | None = None
+    try:
+        embedded.wait_until_ready(b.bootstrap, 30, b.process)
+        job = make_job(b.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=2)
+        topics.ensure(kafka.Cluster(b.bootstrap).admin(), job)
+        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), b.bootstrap, tmp_path / "logs")
+        fleet.start_coordinator()
+        fleet.start_worker("w0")
+        fleet.wait_assigned(["w0"])
+        rows = rows_out_of_order("rs", 2000, 40, seed=12)
+        for half in (rows[:1000], rows[1000:]):  # two batches at least per group
+            produce(job, b.bootstrap, half)
+            wait_drained(job, b.bootstrap, fleet, timeout=120)
+        batches = {(c.group, c.seq) for c in commits(job, b.bootstrap) if isinstance(c, BatchCommit)}
+        assert len(batches) >= 2 * job.partitions
+
+        _lose_disk_and_rewind(job, b.bootstrap, fleet, "w0")
+        proxy.delay_s = 1.5
+        fleet.start_worker("w0")
+        wait_drained(job, b.bootstrap, fleet, timeout=300)
+        assert _metric(fleet.metrics_ports["w0"], "streamjoin_recovered_batches_total") == len(batches)
+        assert proxy.held > 0
+        proxy.delay_s = 0.0
+        result = check(job, b.bootstrap)
+        assert result.exact, result
+        assert result.expected > 300
+    finally:
+        if fleet is not None:
+            fleet.stop_all()
+        proxy.pause()
+        b.stop()
+
+
+def _lose_disk_and_rewind(job: JobSettings, bootstrap: str, fleet: Fleet, worker: str) -> None:
+    """Stop `worker`, delete its RocksDB state and commit offset 0 on every input, so its
+    restart replays every batch the commits topic holds."""
+    fleet.kill(worker, signal.SIGTERM)
+    shutil.rmtree(Path(job.worker.state_dir) / worker)
+    ends = input_end_offsets(job, bootstrap)
+    rewind = kafka.Cluster(bootstrap).consumer(job.consumer_group)
+    rewind.commit(offsets=[TopicPartition(topic, p, 0) for topic, p in ends], asynchronous=False)
+    rewind.close()

@@ -1,0 +1,194 @@
+"""Stopping services the way Kubernetes does, with SIGTERM, as real processes: they
+exit 0 within a grace period (services/shutdown.py), a broker that is gone does not
+hold them, and `streamjoin broker` takes its Tansu child with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamjoin.launcher import Fleet, wait_drained, write_job
+from streamjoin.schemas import control
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
+from streamjoin.services.shutdown import GRACE_S
+from streamjoin.topology import topics
+from tests.integration.conftest import make_job
+from tests.integration.kafka_harness import check, produce
+from tests.integration.tcp_proxy import DelayingProxy, Proxy
+from tests.integration.test_hash_join import _metric, _produce_steadily, _wait_metric, rows_out_of_order
+
+pytestmark = pytest.mark.integration
+
+PROMPT_S = 10.0  # a stop that waits on nothing but the loop's next look at its flag
+
+
+def _terminate(fleet: Fleet, name: str, sig: int = signal.SIGTERM) -> tuple[int, float]:
+    """Send `sig` to a service of `fleet`; returns its exit code and how long it took to exit."""
+    proc = fleet.procs.pop(name)
+    began = time.monotonic()
+    proc.send_signal(sig)
+    code = proc.wait(GRACE_S + 30)
+    return code, time.monotonic() - began
+
+
+def test_sigterm_mid_run_exits_zero_and_the_restart_stays_exact(broker, fleet_for, tmp_path: Path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
+    fleet = fleet_for(job, 2)
+    writer = _produce_steadily(job, broker.bootstrap, rows_out_of_order("rs", 12_000, 100, seed=21), seconds=6)
+    time.sleep(2.5)
+    code, took = _terminate(fleet, "w0")
+    assert code == 0 and took < PROMPT_S, (code, took)
+    assert "worker stopped" in (tmp_path / "logs" / "w0.log").read_text()
+    fleet.start_worker("w0")
+    writer.join()
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    assert _metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total") >= 1
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 3000
+    code, took = _terminate(fleet, "coordinator")
+    assert code == 0 and took < PROMPT_S, (code, took)
+
+
+def test_sigterm_while_the_broker_is_unreachable(tmp_path: Path) -> None:
+    """A running worker, a worker still waiting for its first broker answer, and the
+    coordinator all exit 0 on SIGTERM while every connection to the broker is refused."""
+    front = embedded.free_port()
+    b = embedded.start(log_path=tmp_path / "broker.log", advertised_port=front)
+    proxy = Proxy(front, b.listen_port)
+    fleet: Fleet | None = None
+    try:
+        embedded.wait_until_ready(b.bootstrap, 30, b.process)
+        job = make_job(b.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4)
+        topics.ensure(kafka.Cluster(b.bootstrap).admin(), job)
+        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), b.bootstrap, tmp_path / "logs")
+        fleet.restart_workers = False
+        fleet.start_coordinator()
+        fleet.start_worker("w0")
+        fleet.wait_assigned(["w0"])
+        produce(job, b.bootstrap, rows_out_of_order("rs", 2000, 50, seed=22))
+        wait_drained(job, b.bootstrap, fleet, timeout=120)
+
+        proxy.pause()
+        fleet.start_worker("w1")  # never reaches the broker
+        time.sleep(8)  # long enough for librdkafka to notice and the worker to retry
+        code, took = _terminate(fleet, "w0")
+        assert code == 0 and took < GRACE_S + 5, (code, took)
+        code, took = _terminate(fleet, "w1")
+        assert code == 0 and took < PROMPT_S, (code, took)
+        code, took = _terminate(fleet, "coordinator")
+        assert code == 0 and took < GRACE_S + 5, (code, took)
+    finally:
+        if fleet is not None:
+            fleet.stop_all()
+        proxy.pause()
+        b.stop()
+
+
+def test_sigterm_while_recovery_waits_on_the_broker(tmp_path: Path) -> None:
+    """A worker whose recovery's reads get no answer (every Fetch on a new connection held
+    for minutes: recovery opens new consumers, the worker's own clients keep theirs) exits
+    0 promptly on SIGTERM, out of the recovery retry loop."""
+    front = embedded.free_port()
+    b = embedded.start(log_path=tmp_path / "broker.log", advertised_port=front)
+    proxy = DelayingProxy(front, b.listen_port)
+    fleet: Fleet | None = None
+    try:
+        embedded.wait_until_ready(b.bootstrap, 30, b.process)
+        job = make_job(b.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4)
+        topics.ensure(kafka.Cluster(b.bootstrap).admin(), job)
+        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), b.bootstrap, tmp_path / "logs")
+        fleet.restart_workers = False
+        fleet.start_coordinator()
+        fleet.start_worker("w0")
+        fleet.wait_assigned(["w0"])
+        produce(job, b.bootstrap, rows_out_of_order("rs", 2000, 50, seed=23))
+        wait_drained(job, b.bootstrap, fleet, timeout=120)
+        code, took = _terminate(fleet, "coordinator")  # from here on, the test assigns the groups itself
+        assert code == 0 and took < PROMPT_S, (code, took)
+
+        fleet.kill("w0", signal.SIGTERM)
+        fleet.start_worker("w0")
+        log = tmp_path / "logs" / "w0.log"
+        _wait_for_line(log, "worker started", after=log.read_text().count("worker started"))
+        time.sleep(1)  # its control consumer has its connection and is fetching
+        proxy.delay_new_connections(300)
+        _assign(job, b.bootstrap, "w0", list(range(job.partitions)))
+        deadline = time.monotonic() + 30
+        while proxy.held == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proxy.held > 0, "recovery never read"
+        time.sleep(1)
+        assert _metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total") == 0  # still recovering
+        code, took = _terminate(fleet, "w0")
+        assert code == 0 and took < PROMPT_S, (code, took)
+        assert "stopped while waiting on the broker" in log.read_text()
+    finally:
+        if fleet is not None:
+            fleet.stop_all()
+        proxy.pause()
+        b.stop()
+
+
+def _wait_for_line(path: Path, text: str, after: int, timeout: float = 60) -> None:
+    """Until `path` holds more than `after` lines with `text`."""
+    deadline = time.monotonic() + timeout
+    while path.read_text().count(text) <= after:
+        assert time.monotonic() < deadline, f"no new {text!r} in {path} within {timeout}s"
+        time.sleep(0.2)
+
+
+def _assign(job, bootstrap: str, worker: str, groups: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Tell `worker` its groups on the control topic, as the coordinator would."""
+    producer = kafka.Cluster(bootstrap).producer()
+    message = control.Assignment(worker=worker, groups=groups, epoch=1)
+    producer.produce(job.control_topic, value=control.encode(message), key=b"assignment", partition=0)
+    assert producer.flush(30) == 0
+
+
+def _child_pids(pid: int) -> list[int]:
+    """The children of `pid` (Linux: /proc/<pid>/task/<tid>/children)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting to be reaped has already ended)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.parametrize("sig, expected_code", [(signal.SIGTERM, 0), (signal.SIGINT, 0), (signal.SIGKILL, -9)])
+def test_broker_command_takes_its_tansu_child_with_it(sig: int, expected_code: int) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "STREAMJOIN_BOOTSTRAP"}
+    cli = subprocess.Popen([sys.executable, "-m", "streamjoin.cli", "broker"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, env=env)
+    tansu: list[int] = []
+    try:
+        assert cli.stdout is not None and cli.stdout.readline().startswith("127.0.0.1:")  # ready
+        tansu += _child_pids(cli.pid)
+        assert len(tansu) == 1 and _alive(tansu[0])
+        cli.send_signal(sig)
+        assert cli.wait(20) == expected_code
+        deadline = time.monotonic() + 10
+        while _alive(tansu[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(tansu[0]), f"tansu (pid {tansu[0]}) outlived `streamjoin broker` stopped by {sig!r}"
+    finally:  # nothing of this test's left running, whatever failed
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+        for pid in filter(_alive, tansu):
+            os.kill(pid, signal.SIGKILL)
