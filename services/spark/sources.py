@@ -171,8 +171,8 @@ class WorkloadSource(DataSource):
 
 
 def records(generated: DataFrame, job: JobSettings) -> DataFrame:
-    """Generated rows as Kafka records (topic, key, value), each stream in its format;
-    observes the tuples per topic."""
+    """Generated rows as Kafka records (topic, key, value, partition), each stream in its
+    format; observes the tuples per topic."""
     parts = []
     for fmt, observed, encode in ((False, _JSON_TUPLES, _json_records), (True, _BLOCK_TUPLES, _block_records)):
         specs = [(i, s) for i, s in enumerate(job.streams) if (s.format == "blocks") == fmt]
@@ -181,7 +181,16 @@ def records(generated: DataFrame, job: JobSettings) -> DataFrame:
             mine = generated.filter(F.col("topic").isin(topics))
             counted = mine.observe(observed, *[F.count_if(F.col("topic") == t).alias(t) for t in topics])
             parts.append(encode(counted, job, specs))
-    return reduce(DataFrame.unionByName, parts)
+    return _spread_unkeyed(reduce(DataFrame.unionByName, parts), job.partitions)
+
+
+def _spread_unkeyed(records: DataFrame, partitions: int) -> DataFrame:
+    """A `partition` column: for unkeyed records (ring streams) a hash of the value over all
+    `partitions`, for keyed ones null (Kafka's default partitioner). Every source partition
+    then receives records; one that never did would hold a ring's watermark back for good
+    while `join.idle_timeout_ms` is off."""
+    spread = F.pmod(F.xxhash64(F.col("value")), F.lit(partitions)).cast("int")
+    return records.withColumn("partition", F.when(F.col("key").isNull(), spread).otherwise(F.lit(None).cast("int")))
 
 
 def _json_records(generated: DataFrame, job: JobSettings, specs: list[tuple[int, StreamSpec]]) -> DataFrame:

@@ -31,7 +31,6 @@ record fails the ring the same way.
 from __future__ import annotations
 
 import dataclasses
-import signal
 import time
 import uuid
 from collections import deque
@@ -55,6 +54,7 @@ from streamjoin.schemas.control import RING_FENCED_EXIT
 from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.results import RoundRelease, dead_letter_headers
 from streamjoin.services import kafka, metrics
+from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.processor import late_records
 from streamjoin.services.worker.output import Deliveries, ResultWriter, flush
@@ -96,7 +96,7 @@ class RingWorker:
         self.deliveries = Deliveries()
         self.results = ResultWriter(job, self.out, self.deliveries, every_report=True)
         self.health = metrics.HealthState()
-        self.stopping = False
+        self.stop_flag = StopFlag()
         self.metrics_url = ""
         self.dead_seen: set[tuple[int, int, int]] = set()
         self.incarnation = uuid.uuid4().hex
@@ -105,18 +105,24 @@ class RingWorker:
 
     # ------------------------------------------------------------------ main
     def run(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        """Serve until SIGTERM/SIGINT (services/shutdown.py), then stop cleanly."""
+        self.stop_flag.install()
         server = metrics.serve(self.metrics_port, self.health)
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
-        kafka.wait_for_broker(self.cluster, log)
-        ensure_hop_topic(self.job, self.cluster, self.id)
-        self._announce()
+        try:
+            with self.stop_flag.interruptible():
+                kafka.wait_for_broker(self.cluster, log)
+                ensure_hop_topic(self.job, self.cluster, self.id)
+                self._announce()
+        except Stopped:
+            log.info("ring worker stopped before it started", worker=self.id)
+            return
         self.hop_in.assign([TopicPartition(self.job.hop_topic(self.id), 0, OFFSET_BEGINNING)])
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_BEGINNING)])
         self.health.ready, self.health.detail = True, "running"
         log.info("ring worker started", worker=self.id, incarnation=self.incarnation, metrics=self.metrics_url)
         last_beat = 0.0
-        while not self.stopping:
+        while not self.stop_flag.set:
             self._poll_control()
             for m in self.hop_in.consume(500, 0.005 if self.head else 0.05):
                 if m.error() is not None:
@@ -137,7 +143,7 @@ class RingWorker:
         log.info("ring worker stopped", worker=self.id)
 
     def stop(self) -> None:
-        self.stopping = True
+        self.stop_flag.request()
 
     # ---------------------------------------------------------------- fencing
     def _announce(self) -> None:

@@ -36,11 +36,13 @@ def band_rows(job: JobSettings, n: int, seed: int, t0: int = 1_000, span_ms: int
 
 def produce_rows(job: JobSettings, bootstrap: str, rows: list[tuple[int, dict]], raw: list = (),
                  partitions: list[int] | None = None) -> None:
-    """Write `rows` ((stream, value) pairs) to their source topics, to `partitions[k]` when given."""
+    """Write `rows` ((stream, value) pairs) to their source topics, to `partitions[k]` when
+    given, else round robin: every source partition must deliver a record before a ring's
+    watermark moves (join.idle_timeout_ms off)."""
     p = kafka.Cluster(bootstrap).producer()
     for k, (i, v) in enumerate(rows):
-        where = {} if partitions is None else {"partition": partitions[k]}
-        p.produce(job.topic_of(job.streams[i]), value=json.dumps(v).encode(), **where)
+        partition = partitions[k] if partitions is not None else k % job.partitions
+        p.produce(job.topic_of(job.streams[i]), value=json.dumps(v).encode(), partition=partition)
     for topic, value in raw:
         p.produce(topic, value=value)
     assert p.flush(30) == 0
