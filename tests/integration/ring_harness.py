@@ -40,8 +40,10 @@ def produce_rows(job: JobSettings, bootstrap: str, rows: list[tuple[int, dict]],
     given, else round robin: every source partition must deliver a record before a ring's
     watermark moves (join.idle_timeout_ms off)."""
     p = kafka.Cluster(bootstrap).producer()
+    written = Counter()  # per stream, for its own round robin
     for k, (i, v) in enumerate(rows):
-        partition = partitions[k] if partitions is not None else k % job.partitions
+        partition = partitions[k] if partitions is not None else written[i] % job.partitions
+        written[i] += 1
         p.produce(job.topic_of(job.streams[i]), value=json.dumps(v).encode(), partition=partition)
     for topic, value in raw:
         p.produce(topic, value=value)

@@ -1,7 +1,8 @@
 """Hostile input against real workers: 32 kinds of bad records interleaved with good
-ones on a 2-way hash job with 2 workers. No worker exits, each bad record is in the
-dead-letter topic exactly once with its reason, the dead-letter metric agrees with
-the topic, and the good records join exactly."""
+ones, over 10,000 of them on a 2-way hash job with 2 workers, and on a 2-node ring. No
+worker or head exits, each bad record is in the dead-letter topic exactly once with its
+reason, the dead-letter metric agrees with the topic (hash), and the good records join
+exactly."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from collections import Counter
 
 import pytest
 
-from streamjoin.launcher import wait_drained
+from streamjoin.launcher import wait_drained, wait_layout, wait_ring_quiet
 from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, decode_headers
 from streamjoin.services import kafka
 from streamjoin.services.worker.intake import STREAM_HEADER
 from streamjoin.topology.partitioner import key_bytes
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import Row, check, produce, read_all
+from tests.integration.ring_harness import check_ring, produce_rows
+from tests.integration.test_ring import ring_fleet
 
 pytestmark = pytest.mark.integration
 MAX_RECORD_BYTES = 600_000
@@ -73,8 +76,9 @@ def hostile_records(now_ms: int) -> list[tuple[str, bytes | None, list | None, s
     ]
 
 
-def _write_hostile(job, bootstrap: str, kinds: list) -> dict[tuple[str, int, int], str]:  # type: ignore[no-untyped-def]
-    """Each kind once on each stream's topic; returns where each landed -> its reason."""
+def _write_hostile(job, bootstrap: str, kinds: list, copies: int = 1) -> dict[tuple[str, int, int], str]:  # type: ignore[no-untyped-def]
+    """Each kind `copies` times on each stream's topic (the large kinds once: they are there to
+    be large, not many); returns where each landed -> its reason."""
     producer = kafka.Cluster(bootstrap).producer()
     landed: dict[tuple[str, int, int], str] = {}
 
@@ -86,8 +90,10 @@ def _write_hostile(job, bootstrap: str, kinds: list) -> dict[tuple[str, int, int
 
     for s in job.streams:
         for _, value, headers, reason in kinds:
-            producer.produce(job.topic_of(s), key=key_bytes(5), value=value, headers=headers,
-                             on_delivery=delivered(reason))
+            for _ in range(1 if value is not None and len(value) > 10_000 else copies):
+                producer.produce(job.topic_of(s), key=key_bytes(5), value=value, headers=headers,
+                                 on_delivery=delivered(reason))
+                producer.poll(0)
     assert producer.flush(30) == 0
     return landed
 
@@ -109,14 +115,11 @@ def test_hostile_records_are_dead_lettered_once_and_no_worker_stops(broker, flee
     landed: dict[tuple[str, int, int], str] = {}
     for part in range(3):  # good, hostile, good, hostile, ...: the bad records share polls with good ones
         produce(job, broker.bootstrap, rows[part * 1000:(part + 1) * 1000])
-        landed |= _write_hostile(job, broker.bootstrap, kinds)
-    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+        landed |= _write_hostile(job, broker.bootstrap, kinds, copies=60)
+    assert len(landed) >= 10_000
+    wait_drained(job, broker.bootstrap, fleet, timeout=300)
 
-    dead = Counter()
-    for m in read_all(broker.bootstrap, job.dead_letter_topic, job.partitions, "check-hostile"):
-        h = decode_headers(m.headers())
-        dead[((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])), h[H_REASON])] += 1
-    assert dead == Counter({(ref, reason): 1 for ref, reason in landed.items()})
+    assert _dead_letters(job, broker.bootstrap) == Counter({(ref, reason): 1 for ref, reason in landed.items()})
     fleet.assert_running()
     assert fleet.restarts == 0
     metric = sum((_dead_letter_metric(port) for port in fleet.metrics_ports.values()), Counter())
@@ -124,3 +127,38 @@ def test_hostile_records_are_dead_lettered_once_and_no_worker_stops(broker, flee
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 1000
+
+
+def test_hostile_records_do_not_stop_a_ring(broker, tmp_path) -> None:
+    """The same kinds on both sources of a 2-node ring (equality as a band of width 0)."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 250}], workers=2, partitions=4,
+                   worker={"max_record_bytes": MAX_RECORD_BYTES},
+                   join={"mode": "ring", "predicate": [{"left": "r.k", "right": "s.k", "within": 0}]},
+                   ring={"nodes": 2})
+    fleet = ring_fleet(job, broker.bootstrap, tmp_path, ["w0", "w1"])
+    try:
+        wait_layout(job, broker.bootstrap, fleet, ["w0", "w1"])
+        kinds = hostile_records(int(time.time() * 1000))
+        rows = [(i % 2, {"k": (i // 2) % 40, "ts": 10_000 + i * 5, "pad": "x"}) for i in range(3000)]
+        landed: dict[tuple[str, int, int], str] = {}
+        for part in range(3):
+            produce_rows(job, broker.bootstrap, rows[part * 1000:(part + 1) * 1000])
+            landed |= _write_hostile(job, broker.bootstrap, kinds)
+        wait_ring_quiet(job, broker.bootstrap, fleet)
+        fleet.assert_running()  # restart_workers is off: a node that exited fails here
+        result = check_ring(job, broker.bootstrap)
+        dead = _dead_letters(job, broker.bootstrap)
+    finally:
+        fleet.stop_all()
+    assert dead == Counter({(ref, reason): 1 for ref, reason in landed.items()})
+    assert result.exact, result
+    assert result.expected > 1000
+
+
+def _dead_letters(job, bootstrap: str) -> Counter:  # type: ignore[no-untyped-def]
+    """((input topic, partition, offset), reason) -> how often the dead-letter topic holds it."""
+    dead: Counter = Counter()
+    for m in read_all(bootstrap, job.dead_letter_topic, job.partitions, "check-hostile"):
+        h = decode_headers(m.headers())
+        dead[((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])), h[H_REASON])] += 1
+    return dead
