@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import signal
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import snapshot
-from streamjoin.launcher import input_end_offsets, wait_drained
-from streamjoin.schemas.results import BatchCommit
+from streamjoin.launcher import wait_drained
 from tests.integration.conftest import make_job
-from tests.integration.kafka_harness import Row, check, commits, produce
+from tests.integration.fleet_harness import feed_in_two_batches, lose_disk_and_rewind, metric, wait_metric
+from tests.integration.kafka_harness import Row, check, produce
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +98,7 @@ def test_worker_killed_and_restarted_stays_exact(broker, fleet_for, tmp_path) ->
         time.sleep(0.5)
         fleet.start_worker("w0")
         # Each restart recovers its groups (replaying a batch or not, as the kill fell) before it joins.
-        _wait_metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total", 1, timeout=60)
+        wait_metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total", 1, timeout=60)
     writer.join()
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
     result = check(job, broker.bootstrap)
@@ -117,45 +113,15 @@ def test_worker_with_its_disk_gone_rebuilds_from_kafka(broker, fleet_for, tmp_pa
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4)
     fleet = fleet_for(job, 1)
     rows = rows_out_of_order("rs", 3000, 50, seed=8)
-    for half in (rows[:1500], rows[1500:]):  # two batches at least per group
-        produce(job, broker.bootstrap, half)
-        wait_drained(job, broker.bootstrap, fleet, timeout=120)
-    batches = {(c.group, c.seq) for c in commits(job, broker.bootstrap) if isinstance(c, BatchCommit)}
+    batches = feed_in_two_batches(job, broker.bootstrap, fleet, rows)
     assert len(batches) >= 2 * job.partitions
-    fleet.kill("w0", signal.SIGTERM)
-    shutil.rmtree(Path(job.worker.state_dir) / "w0")
-    ends = input_end_offsets(job, broker.bootstrap)
-    rewind = kafka.Cluster(broker.bootstrap).consumer(job.consumer_group)
-    rewind.commit(offsets=[TopicPartition(topic, p, 0) for topic, p in ends], asynchronous=False)
-    rewind.close()
-
+    lose_disk_and_rewind(job, broker.bootstrap, fleet, "w0")
     fleet.start_worker("w0")
     wait_drained(job, broker.bootstrap, fleet, timeout=120)
-    assert _metric(fleet.metrics_ports["w0"], "streamjoin_recovered_batches_total") == len(batches)
+    assert metric(fleet.metrics_ports["w0"], "streamjoin_recovered_batches_total") == len(batches)
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 1000
-
-
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        samples = [line.split()[1] for line in response.read().decode().splitlines() if line.startswith(name + " ")]
-    return float(samples[0])
-
-
-def _wait_metric(port: int, name: str, at_least: float, timeout: float) -> float:
-    """Until the service on `port` serves `name` >= `at_least` (it may still be starting); its value."""
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        try:
-            value = _metric(port, name)
-        except (OSError, IndexError):  # not serving yet, or no sample yet
-            value = None
-        if value is not None and value >= at_least:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"{name} on port {port} stayed at {value}, below {at_least}, for {timeout}s")
 
 
 def test_coordinator_restart_keeps_placement(broker, fleet_for, tmp_path) -> None:
@@ -168,8 +134,8 @@ def test_coordinator_restart_keeps_placement(broker, fleet_for, tmp_path) -> Non
     # The new coordinator has loaded the placement and read both workers' heartbeats: had it
     # lost the placement, it would have made a new one (epoch 2) by now.
     port = fleet.metrics_ports["coordinator"]
-    _wait_metric(port, "streamjoin_coordinator_groups_placed", 60, timeout=60)
-    _wait_metric(port, "streamjoin_coordinator_workers_alive", 2, timeout=60)
+    wait_metric(port, "streamjoin_coordinator_groups_placed", 60, timeout=60)
+    wait_metric(port, "streamjoin_coordinator_workers_alive", 2, timeout=60)
     time.sleep(2 * job.worker.heartbeat_ms / 1000)  # any assignment it sent is applied and beaten back
     after = snapshot(job, kafka.Cluster(broker.bootstrap))
     assert after["epoch"] == before["epoch"] == 1

@@ -4,8 +4,6 @@ not turn recovery's reads to the end of a partition into partial reads."""
 
 from __future__ import annotations
 
-import shutil
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,20 +12,18 @@ import numpy as np
 import pytest
 from confluent_kafka import TopicPartition
 
-from streamjoin.launcher import Fleet, committed_offsets, input_end_offsets, wait_drained, write_job
-from streamjoin.schemas.results import BatchCommit
-from streamjoin.services import broker as embedded
+from streamjoin.launcher import committed_offsets, input_end_offsets, wait_drained
 from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.main import Worker
 from streamjoin.services.worker.output import flush
 from streamjoin.services.worker.processor import GroupBatch, run_cycle
 from streamjoin.services.worker.recovery import recover_groups
-from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job
-from tests.integration.kafka_harness import check, commits, produce, produced_refs
+from tests.integration.kafka_harness import check, produce, produced_refs
+from tests.integration.fleet_harness import feed_in_two_batches, lose_disk_and_rewind, metric, proxied_fleet
 from tests.integration.tcp_proxy import DelayingProxy
-from tests.integration.test_hash_join import _metric, rows_out_of_order
+from tests.integration.test_hash_join import rows_out_of_order
 
 pytestmark = pytest.mark.integration
 
@@ -119,48 +115,18 @@ def test_recovery_through_slow_fetch_responses_stays_exact(tmp_path: Path) -> No
     while a worker whose disk is gone replays every batch: each read must reach its true
     end (a partial read of the results would rewrite results, one of the commits would
     skip batches), so the output stays exact and every batch is counted as replayed."""
-    front = embedded.free_port()
-    b = embedded.start(log_path=tmp_path / "broker.log", advertised_port=front)
-    proxy = DelayingProxy(front, b.listen_port)
-    fleet: Fleet | None = None
-    try:
-        embedded.wait_until_ready(b.bootstrap, 30, b.process)
-        job = make_job(b.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=2)
-        topics.ensure(kafka.Cluster(b.bootstrap).admin(), job)
-        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), b.bootstrap, tmp_path / "logs")
-        fleet.start_coordinator()
-        fleet.start_worker("w0")
-        fleet.wait_assigned(["w0"])
+    with proxied_fleet(tmp_path, DelayingProxy, partitions=2) as (b, proxy, job, fleet):
         rows = rows_out_of_order("rs", 2000, 40, seed=12)
-        for half in (rows[:1000], rows[1000:]):  # two batches at least per group
-            produce(job, b.bootstrap, half)
-            wait_drained(job, b.bootstrap, fleet, timeout=120)
-        batches = {(c.group, c.seq) for c in commits(job, b.bootstrap) if isinstance(c, BatchCommit)}
+        batches = feed_in_two_batches(job, b.bootstrap, fleet, rows)
         assert len(batches) >= 2 * job.partitions
 
-        _lose_disk_and_rewind(job, b.bootstrap, fleet, "w0")
+        lose_disk_and_rewind(job, b.bootstrap, fleet, "w0")
         proxy.delay_s = 1.5
         fleet.start_worker("w0")
         wait_drained(job, b.bootstrap, fleet, timeout=300)
-        assert _metric(fleet.metrics_ports["w0"], "streamjoin_recovered_batches_total") == len(batches)
+        assert metric(fleet.metrics_ports["w0"], "streamjoin_recovered_batches_total") == len(batches)
         assert proxy.held > 0
         proxy.delay_s = 0.0
         result = check(job, b.bootstrap)
         assert result.exact, result
         assert result.expected > 300
-    finally:
-        if fleet is not None:
-            fleet.stop_all()
-        proxy.pause()
-        b.stop()
-
-
-def _lose_disk_and_rewind(job: JobSettings, bootstrap: str, fleet: Fleet, worker: str) -> None:
-    """Stop `worker`, delete its RocksDB state and commit offset 0 on every input, so its
-    restart replays every batch the commits topic holds."""
-    fleet.kill(worker, signal.SIGTERM)
-    shutil.rmtree(Path(job.worker.state_dir) / worker)
-    ends = input_end_offsets(job, bootstrap)
-    rewind = kafka.Cluster(bootstrap).consumer(job.consumer_group)
-    rewind.commit(offsets=[TopicPartition(topic, p, 0) for topic, p in ends], asynchronous=False)
-    rewind.close()

@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from streamjoin.launcher import Fleet, wait_drained, write_job
+from streamjoin.launcher import Fleet, wait_drained
 from streamjoin.schemas import control
-from streamjoin.services import broker as embedded
 from streamjoin.services import kafka
 from streamjoin.services.shutdown import GRACE_S
-from streamjoin.topology import topics
 from tests.integration.conftest import make_job
+from tests.integration.fleet_harness import metric, proxied_fleet
 from tests.integration.kafka_harness import check, produce
 from tests.integration.tcp_proxy import DelayingProxy, Proxy
-from tests.integration.test_hash_join import _metric, _produce_steadily, _wait_metric, rows_out_of_order
+from tests.integration.test_hash_join import _produce_steadily, rows_out_of_order
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +48,7 @@ def test_sigterm_mid_run_exits_zero_and_the_restart_stays_exact(broker, fleet_fo
     fleet.start_worker("w0")
     writer.join()
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
-    assert _metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total") >= 1
+    assert metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total") >= 1
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 3000
@@ -60,21 +59,9 @@ def test_sigterm_mid_run_exits_zero_and_the_restart_stays_exact(broker, fleet_fo
 def test_sigterm_while_the_broker_is_unreachable(tmp_path: Path) -> None:
     """A running worker, a worker still waiting for its first broker answer, and the
     coordinator all exit 0 on SIGTERM while every connection to the broker is refused."""
-    front = embedded.free_port()
-    b = embedded.start(log_path=tmp_path / "broker.log", advertised_port=front)
-    proxy = Proxy(front, b.listen_port)
-    fleet: Fleet | None = None
-    try:
-        embedded.wait_until_ready(b.bootstrap, 30, b.process)
-        job = make_job(b.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4)
-        topics.ensure(kafka.Cluster(b.bootstrap).admin(), job)
-        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), b.bootstrap, tmp_path / "logs")
-        fleet.restart_workers = False
-        fleet.start_coordinator()
-        fleet.start_worker("w0")
-        fleet.wait_assigned(["w0"])
-        produce(job, b.bootstrap, rows_out_of_order("rs", 2000, 50, seed=22))
-        wait_drained(job, b.bootstrap, fleet, timeout=120)
+    with proxied_fleet(tmp_path, Proxy, partitions=4, restart_workers=False) as (broker, proxy, job, fleet):
+        produce(job, broker.bootstrap, rows_out_of_order("rs", 2000, 50, seed=22))
+        wait_drained(job, broker.bootstrap, fleet, timeout=120)
 
         proxy.pause()
         fleet.start_worker("w1")  # never reaches the broker
@@ -85,30 +72,13 @@ def test_sigterm_while_the_broker_is_unreachable(tmp_path: Path) -> None:
         assert code == 0 and took < PROMPT_S, (code, took)
         code, took = _terminate(fleet, "coordinator")
         assert code == 0 and took < GRACE_S + 5, (code, took)
-    finally:
-        if fleet is not None:
-            fleet.stop_all()
-        proxy.pause()
-        b.stop()
 
 
 def test_sigterm_while_recovery_waits_on_the_broker(tmp_path: Path) -> None:
     """A worker whose recovery's reads get no answer (every Fetch on a new connection held
     for minutes: recovery opens new consumers, the worker's own clients keep theirs) exits
     0 promptly on SIGTERM, out of the recovery retry loop."""
-    front = embedded.free_port()
-    b = embedded.start(log_path=tmp_path / "broker.log", advertised_port=front)
-    proxy = DelayingProxy(front, b.listen_port)
-    fleet: Fleet | None = None
-    try:
-        embedded.wait_until_ready(b.bootstrap, 30, b.process)
-        job = make_job(b.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4)
-        topics.ensure(kafka.Cluster(b.bootstrap).admin(), job)
-        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), b.bootstrap, tmp_path / "logs")
-        fleet.restart_workers = False
-        fleet.start_coordinator()
-        fleet.start_worker("w0")
-        fleet.wait_assigned(["w0"])
+    with proxied_fleet(tmp_path, DelayingProxy, partitions=4, restart_workers=False) as (b, proxy, job, fleet):
         produce(job, b.bootstrap, rows_out_of_order("rs", 2000, 50, seed=23))
         wait_drained(job, b.bootstrap, fleet, timeout=120)
         code, took = _terminate(fleet, "coordinator")  # from here on, the test assigns the groups itself
@@ -126,15 +96,10 @@ def test_sigterm_while_recovery_waits_on_the_broker(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert proxy.held > 0, "recovery never read"
         time.sleep(1)
-        assert _metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total") == 0  # still recovering
+        assert metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total") == 0  # still recovering
         code, took = _terminate(fleet, "w0")
         assert code == 0 and took < PROMPT_S, (code, took)
         assert "stopped while waiting on the broker" in log.read_text()
-    finally:
-        if fleet is not None:
-            fleet.stop_all()
-        proxy.pause()
-        b.stop()
 
 
 def _wait_for_line(path: Path, text: str, after: int, timeout: float = 60) -> None:

@@ -1,0 +1,99 @@
+"""What tests do to a running fleet: read a service's metrics, lose a worker's disk, run a
+fleet whose broker is reached through a TCP proxy the test controls."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from confluent_kafka import TopicPartition
+
+from streamjoin.launcher import Fleet, input_end_offsets, wait_drained, write_job
+from streamjoin.schemas.results import BatchCommit
+from streamjoin.services import broker as embedded
+from streamjoin.services import kafka
+from streamjoin.settings import JobSettings
+from streamjoin.topology import topics
+from tests.integration.conftest import make_job
+from tests.integration.kafka_harness import Row, commits, produce
+from tests.integration.tcp_proxy import Proxy
+
+
+def metric(port: int, name: str) -> float:
+    """The value of the unlabelled sample `name` the service on `port` serves."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        samples = [line.split()[1] for line in response.read().decode().splitlines() if line.startswith(name + " ")]
+    return float(samples[0])
+
+
+def wait_metric(port: int, name: str, at_least: float, timeout: float) -> float:
+    """Until the service on `port` serves `name` >= `at_least` (it may still be starting); its value."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        try:
+            value = metric(port, name)
+        except (OSError, IndexError):  # not serving yet, or no sample yet
+            value = None
+        if value is not None and value >= at_least:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(f"{name} on port {port} stayed at {value}, below {at_least}, for {timeout}s")
+
+
+def feed_in_two_batches(job: JobSettings, bootstrap: str, fleet: Fleet, rows: list[Row]) -> set[tuple[int, int]]:
+    """Produce `rows` in two halves, draining after each, so every group with rows in both
+    writes two batches at least; returns (group, seq) of every batch the commits topic holds."""
+    half = len(rows) // 2
+    for part in (rows[:half], rows[half:]):
+        produce(job, bootstrap, part)
+        wait_drained(job, bootstrap, fleet, timeout=120)
+    return {(c.group, c.seq) for c in commits(job, bootstrap) if isinstance(c, BatchCommit)}
+
+
+def lose_disk_and_rewind(job: JobSettings, bootstrap: str, fleet: Fleet, worker: str) -> None:
+    """Stop `worker`, delete its RocksDB state and commit offset 0 on every input, so its
+    restart replays every batch the commits topic holds (and must commit their offsets)."""
+    fleet.kill(worker, signal.SIGTERM)
+    shutil.rmtree(Path(job.worker.state_dir) / worker)
+    ends = input_end_offsets(job, bootstrap)
+    rewind = kafka.Cluster(bootstrap).consumer(job.consumer_group)
+    rewind.commit(offsets=[TopicPartition(topic, p, 0) for topic, p in ends], asynchronous=False)
+    rewind.close()
+
+
+@contextmanager
+def proxied_fleet(tmp_path: Path, proxy_type: type[Proxy], workers: int = 1, partitions: int = 60,
+                  restart_workers: bool = True,
+                  **job: object) -> Iterator[tuple[embedded.EmbeddedBroker, Proxy, JobSettings, Fleet]]:
+    """A fresh broker that clients reach only through a `proxy_type` proxy (it advertises the
+    proxy's port), a 2-way job on it (`partitions`, 500 ms windows, `job` settings on top),
+    its coordinator and `workers` workers w0.. with every group assigned. Yields (broker,
+    proxy, job, fleet); stops the fleet, then the proxy, then the broker."""
+    front = embedded.free_port()
+    broker = embedded.start(log_path=tmp_path / "broker.log", advertised_port=front)
+    proxy = proxy_type(front, broker.listen_port)
+    fleet: Fleet | None = None
+    try:
+        embedded.wait_until_ready(broker.bootstrap, 30, broker.process)
+        settings = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=workers,
+                            partitions=partitions, **job)
+        topics.ensure(kafka.Cluster(broker.bootstrap).admin(), settings)
+        fleet = Fleet(settings, write_job(settings, tmp_path / "job.yaml"), broker.bootstrap, tmp_path / "logs")
+        fleet.restart_workers = restart_workers
+        fleet.start_coordinator()
+        ids = [f"w{i}" for i in range(workers)]
+        for worker_id in ids:
+            fleet.start_worker(worker_id)
+        fleet.wait_assigned(ids)
+        yield broker, proxy, settings, fleet
+    finally:
+        if fleet is not None:
+            fleet.stop_all()
+        proxy.pause()
+        broker.stop()
