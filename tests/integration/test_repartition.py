@@ -145,13 +145,15 @@ def test_never_dead_letters_exactly_the_misrouted(broker, fleet_for, tmp_path: P
 
 
 @pytest.mark.spark
-def test_auto_repartition_verified_by_spark(broker, fleet_for, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", [{"r": "round-robin", "s": "crc32"}, {"r": "crc32", "s": "murmur2"}],
+                         ids=["unkeyed-and-crc32", "crc32-and-murmur2"])
+def test_auto_repartition_verified_by_spark(broker, fleet_for, tmp_path: Path, how: dict[str, str]) -> None:
     from streamjoin.services.spark.verify import run_verify
 
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
                    join={"allowed_lateness_ms": LATENESS_MS, "repartition": "auto"})
     fleet = start(job, broker.bootstrap, fleet_for)
-    produce_as(job, broker.bootstrap, rows(3000, 80, seed=14), {"r": "round-robin", "s": "crc32"})
+    produce_as(job, broker.bootstrap, rows(3000, 80, seed=14), how)
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
     report = run_verify(job, kafka.Cluster(broker.bootstrap))
     assert report["verified"], report
