@@ -14,12 +14,15 @@ _CHUNK_BYTES = 32 << 20  # pairs compared per NumPy call, bounded so memory stay
 
 def pixel_similarity(left: np.ndarray, right: np.ndarray, threshold: float = 0.9,
                      tolerance: int = 16) -> np.ndarray:
+    """Per pair k, whether images left[k] and right[k] (NumPy 'S' arrays of equal length)
+    are similar; the two columns may differ in width (NumPy pads with NUL bytes, and a value
+    is compared as padded to the wider one)."""
     n = len(left)
     if n == 0:
         return np.zeros(0, dtype=bool)
-    width = left.dtype.itemsize
-    a = np.frombuffer(np.ascontiguousarray(left).tobytes(), np.uint8).reshape(n, width)
-    b = np.frombuffer(np.ascontiguousarray(right).tobytes(), np.uint8).reshape(n, width)
+    width = max(left.dtype.itemsize, right.dtype.itemsize)
+    a, b = (np.frombuffer(np.ascontiguousarray(side.astype(f"S{width}")).tobytes(), np.uint8).reshape(n, width)
+            for side in (left, right))
     need = int(np.ceil(threshold * width))
     out = np.empty(n, dtype=bool)
     step = max(1, _CHUNK_BYTES // max(width, 1))

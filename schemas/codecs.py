@@ -26,6 +26,7 @@ import fastavro
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, system_block
@@ -100,16 +101,20 @@ def table_to_block(spec: StreamSpec, table: pa.Table, part: np.ndarray, off: np.
     return system_block(join_keys(spec, table), ts, part, off, arr, payload)
 
 
-def _bad_rows(spec: StreamSpec, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Rows that parsed but cannot be tuples, and why (an object array, "" for good rows): a null
-    or missing field, a non-finite float (results must stay valid JSON), an event time outside
-    +-TIME_BOUND. Vectorised: one pass per column."""
+def _bad_rows(spec: StreamSpec, table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows that parsed but cannot be tuples: a mask, and per row why and the dead-letter
+    reason (object arrays, "" for good rows). Malformed: a null or missing field, a
+    non-finite float (results must stay valid JSON), an event time outside +-TIME_BOUND.
+    Oversize: a str or bytes value longer than the stream's max_field_bytes (a column is
+    stored at its longest value's width, so one long value would widen every tuple beside it
+    and the window after it). Vectorised: one pass per column."""
     bad = np.zeros(table.num_rows, dtype=bool)
     why = np.full(table.num_rows, "", dtype=object)
+    reason = np.full(table.num_rows, "", dtype=object)
 
-    def flag(mask: np.ndarray, detail: str) -> None:
+    def flag(mask: np.ndarray, detail: str, kind: str = "malformed") -> None:
         fresh = mask & ~bad
-        why[fresh] = detail
+        why[fresh], reason[fresh] = detail, kind
         bad[:] |= fresh
 
     for name, t in spec.fields.items():
@@ -118,19 +123,23 @@ def _bad_rows(spec: StreamSpec, table: pa.Table) -> tuple[np.ndarray, np.ndarray
             flag(col.is_null().to_numpy(zero_copy_only=False), f"missing field {name!r} (or null)")
         if t == "float":
             flag(~np.isfinite(col.fill_null(0.0).to_numpy()), f"field {name!r} is not a finite number")
+        if t in ("str", "bytes"):
+            lengths = pc.binary_length(col).fill_null(0).to_numpy()
+            flag(lengths > spec.max_field_bytes, f"field {name!r} holds more than the stream's "
+                 f"max_field_bytes={spec.max_field_bytes} bytes", "oversize")
     ts = table.column(spec.time_field).fill_null(0).to_numpy()
     flag((ts <= -TIME_BOUND) | (ts >= TIME_BOUND), f"time field {spec.time_field!r} outside +-2^60 ms")
-    return bad, why
+    return bad, why, reason
 
 
 def _drop_bad_rows(spec: StreamSpec, table: pa.Table, idx: np.ndarray,
                    rejects: list[Reject]) -> tuple[np.ndarray, pa.Table]:
     """`table` (row r decoded from record idx[r]) without the rows `_bad_rows` refuses,
     which are added to `rejects`."""
-    bad, why = _bad_rows(spec, table)
+    bad, why, reason = _bad_rows(spec, table)
     if not bad.any():
         return idx, table
-    rejects += [Reject(int(i), "malformed", str(w)) for i, w in zip(idx[bad], why[bad])]
+    rejects += [Reject(int(i), str(r), str(w)) for i, w, r in zip(idx[bad], why[bad], reason[bad])]
     return idx[~bad], table.filter(pa.array(~bad))
 
 
@@ -339,10 +348,11 @@ def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.nda
         empty = np.empty(0, np.int64)
         return Decoded(table_to_block(spec, want.empty_table(), empty, empty, empty), rejects, empty)
     table, record, offsets = pa.concat_tables(tables), np.concatenate(records), np.concatenate(offs)
-    bad, why = _bad_rows(spec, table)
+    bad, why, reason = _bad_rows(spec, table)
     if bad.any():
         refused, first = np.unique(record[bad], return_index=True)
-        rejects += [Reject(int(i), "malformed", f"a tuple of the block: {w}") for i, w in zip(refused, why[bad][first])]
+        rejects += [Reject(int(i), str(r), f"a tuple of the block: {w}")
+                    for i, w, r in zip(refused, why[bad][first], reason[bad][first])]
         keep = ~np.isin(record, refused)
         table, record, offsets = table.filter(pa.array(keep)), record[keep], offsets[keep]
     return Decoded(table_to_block(spec, table, part[record], offsets, arr[record]), rejects, record)
@@ -374,9 +384,21 @@ def _arrow_column(values: np.ndarray) -> pa.Array:
     return pa.array(values)
 
 
+# Schema metadata of an encoded block: the NumPy width of each fixed-width column ('S', 'U').
+# Arrow values drop trailing NULs (NumPy cannot tell them from padding), so a block whose values
+# all end in NUL bytes (an image whose last pixels are 0) would come back narrower; width-aware
+# code (engine.udfs.pixel_similarity reads the itemsize) must see the width that was sent.
+_WIDTHS = b"sj-widths"
+
+
 def encode_block(block: Block) -> bytes:
-    """Arrow IPC stream bytes of a block (internal hops, state, results)."""
+    """Arrow IPC stream bytes of a block (internal hops, state, results); fixed-width
+    columns keep their NumPy width through decode_block."""
     table = pa.table({k: _arrow_column(v) for k, v in block.columns.items()})
+    widths = {k: v.dtype.itemsize // (4 if v.dtype.kind == "U" else 1)  # 'U' holds 4 bytes a character
+              for k, v in block.columns.items() if v.dtype.kind in "SU"}
+    if widths:
+        table = table.replace_schema_metadata({_WIDTHS: json.dumps(widths).encode()})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
@@ -384,17 +406,31 @@ def encode_block(block: Block) -> bytes:
 
 
 def decode_block(data: bytes) -> Block:
+    """The block encode_block wrote: the same columns, dtypes and widths."""
     table = pa.ipc.open_stream(data).read_all()
+    widths = _widths(table.schema.metadata)
     cols = {}
     for name in table.column_names:
         col = table.column(name)
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-            cols[name] = col.to_numpy(zero_copy_only=False).astype("U")
+            cols[name] = col.to_numpy(zero_copy_only=False).astype(f"U{widths.get(name, '')}")
         elif pa.types.is_binary(col.type):
-            cols[name] = col.to_numpy(zero_copy_only=False).astype("S")
+            cols[name] = col.to_numpy(zero_copy_only=False).astype(f"S{widths.get(name, '')}")
         else:
             cols[name] = col.to_numpy()
     return Block(cols)
+
+
+def _widths(metadata: dict[bytes, bytes] | None) -> dict[str, int]:
+    """The column widths encode_block recorded (none from another writer, or unreadable: the
+    values' own widths are used)."""
+    try:
+        widths = json.loads((metadata or {}).get(_WIDTHS, b"{}"))
+    except ValueError:
+        return {}
+    if not isinstance(widths, dict):
+        return {}
+    return {k: v for k, v in widths.items() if isinstance(v, int) and 0 < v <= 1 << 24}
 
 
 __all__ = [

@@ -71,6 +71,11 @@ class StreamSpec(_Strict):
     time_field: str
     key_fields: list[str] = Field(default_factory=list, description="join key (hash mode needs one); Kafka record key")
     window: WindowSpec
+    max_field_bytes: int = Field(
+        default=4096, gt=0, le=1 << 24,
+        description="the longest str or bytes value a tuple may hold (UTF-8 bytes for str); a record with a "
+                    "longer one is dead-lettered as oversize. A stream's values are held at the width of its "
+                    "longest one, so this bounds what one record can add to the memory of a window")
 
     @model_validator(mode="after")
     def _fields_exist(self) -> "StreamSpec":

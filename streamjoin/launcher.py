@@ -198,17 +198,23 @@ def wait_layout(job: JobSettings, bootstrap: str, fleet: Fleet, layout: list[str
 
 
 def wait_ring_quiet(job: JobSettings, bootstrap: str, fleet: Fleet, timeout: float = 180.0) -> None:
-    """Until the head has taken every input record and no released round is still travelling."""
+    """Until the head has taken every input record and no released round is still travelling.
+
+    "Not busy" counts only from a head heartbeat written after every input record was seen
+    taken: the head commits its source offsets right after releasing the round that carries
+    them, so an older heartbeat (the head's loop can stall for seconds on a loaded machine)
+    may predate that round and say "not busy" while it travels."""
     deadline = time.monotonic() + timeout
     ends = input_end_offsets(job, bootstrap)
-    quiet = 0
+    quiet, taken_ms = 0, None  # taken_ms: wall clock when every input record was first seen taken
     while time.monotonic() < deadline:
         fleet.assert_running()
         done = committed_offsets(job, bootstrap)
         behind = sum(max(0, e - max(done.get(k, 0), 0)) for k, e in ends.items())
+        taken_ms = (taken_ms or time.time() * 1000) if behind == 0 else None
         beats = latest_heartbeats(job, kafka.Cluster.of(job, bootstrap), window_s=3)
-        head = [b for b in beats.values() if b.ring_layout]
-        quiet = quiet + 1 if behind == 0 and head and not any(b.ring_busy for b in head) else 0
+        head = [b for b in beats.values() if b.ring_layout and taken_ms is not None and b.wall_ms > taken_ms]
+        quiet = quiet + 1 if head and not any(b.ring_busy for b in head) else 0
         if quiet >= 3:
             return
         time.sleep(1.0)

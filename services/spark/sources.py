@@ -285,12 +285,19 @@ class _Tracker(StreamingQueryListener):
 
 
 def _check_formats(job: JobSettings) -> None:
-    """Images are binary: JSON records carry bytes fields as text, so they need blocks."""
-    if job.workload.kind != "images":
-        return
+    """Images are binary: JSON records carry bytes fields as text, so they need blocks. Every
+    generated value must fit its stream's max_field_bytes, or workers would dead-letter it."""
+    images = job.workload.kind == "images"
     bad = [s.name for s in job.streams if s.format != "blocks" and "bytes" in s.fields.values()]
-    if bad:
+    if images and bad:
         raise ValueError(f"workload.kind images writes binary images: give streams {bad} format: blocks")
+    longest = 3 * job.workload.pixels if images else job.workload.tuple_bytes
+    narrow = [f"streams.{i}.max_field_bytes={s.max_field_bytes}" for i, s in enumerate(job.streams)
+              if s.max_field_bytes < longest and {"str", "bytes"} & set(s.fields.values())]
+    if narrow:
+        what = f"workload.pixels={job.workload.pixels} images" if images else f"workload.tuple_bytes={job.workload.tuple_bytes}"
+        raise ValueError(f"{what} make values of up to {longest} bytes, longer than {', '.join(narrow)}: "
+                         "workers would dead-letter them as oversize")
 
 
 def _sink_format(spark: SparkSession) -> str:

@@ -1,4 +1,4 @@
-"""Hostile input against real workers: 32 kinds of bad records interleaved with good
+"""Hostile input against real workers: 33 kinds of bad records interleaved with good
 ones, over 10,000 of them on a 2-way hash job with 2 workers, and on a 2-node ring. No
 worker or head exits, each bad record is in the dead-letter topic exactly once with its
 reason, the dead-letter metric agrees with the topic (hash), and the good records join
@@ -69,6 +69,7 @@ def hostile_records(now_ms: int) -> list[tuple[str, bytes | None, list | None, s
         ("duplicate field", b'{"k": 5, "k": 6, "ts": 20000, "pad": "x"}', None, "malformed"),
         ("truncated", good[:-4], None, "malformed"),
         ("oversize", _value(pad="x" * (MAX_RECORD_BYTES + 1)), None, "oversize"),
+        ("field past max_field_bytes", _value(pad="x" * 4097), None, "oversize"),
         ("future", _value(ts=now_ms + 3_600_000), None, "future"),
         ("stream header not UTF-8", good, [(STREAM_HEADER, b"\xff\xfe")], "unknown-stream"),
         ("stream header None", good, [(STREAM_HEADER, None)], "unknown-stream"),

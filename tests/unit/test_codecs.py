@@ -85,8 +85,25 @@ def test_block_records_give_each_tuple_a_unique_offset() -> None:
 def test_internal_block_codec_round_trips_every_dtype() -> None:
     b = Block({"i": np.array([1, -2], np.int64), "u": np.array([3, 4], np.uint64), "f": np.array([0.5, 1.5]),
                "s": np.array(["x", "yé"]), "b": np.array([True, False]),
-               "nul": np.array(["a\x00b", "\x00"]), "raw": np.array([b"\x00\x01", b"z"])})
+               "nul": np.array(["a\x00b", "\x00"]), "raw": np.array([b"\x00\x01", b"z"]),
+               "img": np.array([b"\x05\x00", b"\x07\x00"], "S2"), "txt": np.array(["a", "b"], "U4")})
     back = decode_block(encode_block(b))
     for name in b.names:
         assert back[name].tolist() == b[name].tolist()
-        assert back[name].dtype.kind == b[name].dtype.kind
+        assert back[name].dtype == b[name].dtype, name  # widths too: every value of img ends in NUL
+
+
+def test_an_image_ending_in_zero_bytes_crosses_a_ring_hop_and_still_matches() -> None:
+    """Arrow drops a value's trailing NULs; a hop must still deliver the width that was sent, or
+    pixel_similarity compares images of unequal widths (it once raised: a udf-error, and the
+    results of that tuple went missing)."""
+    from streamjoin.engine.psp.messages import Build
+    from streamjoin.engine.udfs import pixel_similarity
+    from streamjoin.schemas import ring as wire
+
+    image = np.frombuffer(bytes([9] * 29 + [0]), "S30")
+    sent = Build(3, 0, Block({"img": image}))
+    got = wire.decode(*wire.encode(sent, "w0:1"))
+    assert got.tuples["img"].dtype == image.dtype
+    assert pixel_similarity(got.tuples["img"], image).tolist() == [True]
+    assert pixel_similarity(image, np.frombuffer(bytes([9] * 29), "S29")).tolist() == [True]  # widths may differ

@@ -189,6 +189,29 @@ def test_a_block_with_more_tuples_than_the_offset_encoding_holds_is_rejected() -
     assert [r.index for r in out.rejects] == [0] and "tuple indexes" in out.rejects[0].detail
 
 
+@pytest.mark.parametrize("fmt", ["json", "avro", "blocks"])
+def test_a_value_longer_than_max_field_bytes_is_oversize_and_its_neighbours_decode(fmt: str) -> None:
+    """Fixed-width columns: one long value would widen every tuple beside it and the window
+    after it, so it is refused, in every format, before it becomes a column."""
+    spec = SPEC.model_copy(update={"max_field_bytes": 64})
+    long_value, fitting = "é" * 33, "y" * 64  # 66 UTF-8 bytes: over; 64: fits
+    if fmt == "json":
+        values, decode = [_json(k=0, v=fitting), _json(k=1, v=long_value), _json(k=2)], decode_json
+    elif fmt == "avro":
+        def avro(**change: object) -> bytes:
+            out = io.BytesIO()
+            fastavro.schemaless_writer(out, fastavro.parse_schema(avro_schema(SPEC)), {**GOOD, **change})
+            return out.getvalue()
+        values, decode = [avro(k=0, v=fitting), avro(k=1, v=long_value), avro(k=2)], decode_avro
+    else:
+        values = [_block(1, v=np.array([fitting])), _block(1, v=np.array([long_value])), _block(1)]
+        decode = decode_blocks
+    out = decode(spec, values, *_meta(3))
+    assert out.records.tolist() == [0, 2] and out.block["v"].dtype.itemsize <= 64 * 4
+    assert [(r.index, r.reason) for r in out.rejects] == [(1, "oversize")]
+    assert "max_field_bytes=64" in out.rejects[0].detail
+
+
 def _buffer(values: list[bytes | None], headers: list[list | None] | None = None) -> RecordBuffer:
     buf = RecordBuffer()
     for offset, v in enumerate(values):
