@@ -172,17 +172,20 @@ def wait_drained(job: JobSettings, bootstrap: str, fleet: Fleet | None = None, t
 def _wait_committed(job: JobSettings, bootstrap: str, ends: dict[tuple[str, int], int], fleet: Fleet | None,
                     deadline: float, on_progress) -> None:  # type: ignore[no-untyped-def]
     total = sum(ends.values())
+    lagging: dict[tuple[str, int], tuple[int, int]] = {}
     while time.monotonic() < deadline:
         if fleet is not None:
             fleet.assert_running()
         done = committed_offsets(job, bootstrap, list(ends))
-        behind = sum(max(0, end - max(done.get(k, 0), 0)) for k, end in ends.items())
+        lagging = {k: (max(done.get(k, 0), 0), end) for k, end in ends.items() if end > max(done.get(k, 0), 0)}
+        behind = sum(end - committed for committed, end in lagging.values())
         if on_progress:
             on_progress(total - behind, total)
         if behind == 0:
             return
         time.sleep(0.5)
-    raise TimeoutError("workers did not drain the input in time")
+    shown = ", ".join(f"{t}[{p}] at {c} of {e}" for (t, p), (c, e) in sorted(lagging.items())[:8])
+    raise TimeoutError(f"workers did not drain the input in time: {len(lagging)} partitions behind ({shown})")
 
 
 def wait_layout(job: JobSettings, bootstrap: str, fleet: Fleet, layout: list[str], timeout: float = 120.0) -> None:

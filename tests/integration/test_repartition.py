@@ -92,6 +92,17 @@ def misrouted_inputs(job: JobSettings, bootstrap: str) -> set[tuple[str, int, in
     return out
 
 
+def assert_rerouting_delivered(job: JobSettings, bootstrap: str, dead_by_reason: dict[str, int]) -> None:
+    """Re-routing delivered: nothing was dead-lettered but for lateness, and not every
+    misrouted record was late (so re-routed records reached their groups and joined; the
+    exactness check covers how). A re-routed record reaches its group a cycle or two after
+    the records that were in place; on a loaded machine that can exceed the allowed lateness,
+    and such a record is late by the usual rule (dead-lettered, counted, left out of the
+    expected join): how many is timing, not correctness, so it is not asserted."""
+    assert set(dead_by_reason) <= {"late"}, dead_by_reason
+    assert dead_by_reason.get("late", 0) < len(misrouted_inputs(job, bootstrap)), dead_by_reason
+
+
 def start(job: JobSettings, bootstrap: str, fleet_for, source_partitions: dict[str, int] | None = None):
     if source_partitions:  # topics a producer created with other partition counts
         admin = kafka.Cluster(bootstrap).admin()
@@ -114,7 +125,7 @@ def test_auto_repartition_is_exact(broker, fleet_for, tmp_path: Path, how: dict[
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 1000
-    assert sum(result.dead_letter.values()) == 0, result.dead_letter
+    assert_rerouting_delivered(job, broker.bootstrap, result.dead_letter)
 
 
 def test_other_partition_count_is_repartitioned(broker, fleet_for, tmp_path: Path) -> None:
@@ -126,7 +137,7 @@ def test_other_partition_count_is_repartitioned(broker, fleet_for, tmp_path: Pat
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 500
-    assert sum(result.dead_letter.values()) == 0, result.dead_letter
+    assert_rerouting_delivered(job, broker.bootstrap, result.dead_letter)
 
 
 def test_never_dead_letters_exactly_the_misrouted(broker, fleet_for, tmp_path: Path) -> None:
@@ -158,4 +169,4 @@ def test_auto_repartition_verified_by_spark(broker, fleet_for, tmp_path: Path, h
     report = run_verify(job, kafka.Cluster(broker.bootstrap))
     assert report["verified"], report
     assert report["results"] == report["expected"] > 500
-    assert report["dead_letter"]["count"] == 0
+    assert_rerouting_delivered(job, broker.bootstrap, report["dead_letter"]["by_reason"])
