@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import given, settings as hsettings, strategies as st
 
 from streamjoin.schemas import control
+from streamjoin.services import kafka
 from streamjoin.services.coordinator.adapt import (
     History, Plan, WorkerObservation, classify, half_the_gap, occupancy, plan_epoch,
 )
 from streamjoin.services.coordinator.rebalance import dry_run, observe
+from streamjoin.services.worker.intake import RecordBuffer
+from streamjoin.services.worker.main import Worker
 from streamjoin.settings import CoordinatorSpec, load
 
 MIB = 1 << 20
@@ -356,3 +360,26 @@ def test_dry_run_reports_workers_and_the_plan_with_reasons() -> None:
     (move,) = report["plan"]["moves"]
     assert (move["from"], move["to"], move["reason"]) == ("a", "b", "load") and move["group"] in (0, 1, 2)
     assert "seed 000" in move["why"] and report["plan"]["adaptation"] == "load"
+
+
+def test_the_hash_workers_heartbeat_carries_its_backlog_and_group_bytes(tmp_path: Path, monkeypatch) -> None:
+    """What the worker knows cheaply: fetched-but-unjoined bytes, the consumer lag priced at the
+    mean record size, and the window bytes of each owned group."""
+    job = load("streamjoin/jobs/seed000.yaml", bootstrap="127.0.0.1:1",
+               worker={"state_dir": str(tmp_path / "state")})
+    w = Worker(job, kafka.Cluster("127.0.0.1:1"), "w0", metrics_port=0)
+    sent: list[bytes] = []
+    monkeypatch.setattr(w, "control_out", type("Out", (), {
+        "produce": lambda self, topic, value, key, partition: sent.append(value), "poll": lambda self, t: 0})())
+    monkeypatch.setattr(w, "_records_behind", lambda: 3)  # the consumer's lag, without a broker
+    w.groups = {4, 9}
+    w.record_size.records, w.record_size.bytes = 2, 100  # 50 bytes a record so far
+    pending = RecordBuffer()
+    pending.values, pending.offsets = [b"x" * 7], [0]  # one fetched record of 7 bytes
+    w.pending = {0: pending}
+    w._heartbeat()
+    beat = control.decode_control(sent[-1])
+    assert isinstance(beat, control.Heartbeat)
+    assert beat.lag == 4 and beat.backlog_bytes == 7 + 3 * 50
+    assert beat.group_bytes == {4: 0, 9: 0}  # owned, not read yet
+    w.store.store.close()
