@@ -15,5 +15,5 @@ from streamjoin.settings.job import (
 )
 from streamjoin.settings.topics import ROLES, TopicRole, TopicSettings, TopicsSpec
 
-__all__ = ["CoordinatorSpec", "FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm", "ROLES", "SettingsError", "StreamSpec",
-           "TopicRole", "TopicSettings", "TopicsSpec", "WindowSpec", "load"]
+__all__ = ["CoordinatorSpec", "FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm", "ROLES",
+           "SettingsError", "StreamSpec", "TopicRole", "TopicSettings", "TopicsSpec", "WindowSpec", "load"]

@@ -166,7 +166,8 @@ def plan_epoch(observations: Sequence[WorkerObservation], settings: CoordinatorS
     classes = {w: classify(x, settings) for w, x in occ.items()}
     base = Plan(now_ms, occ, classes)
     if history.in_flight:
-        return replace(base, notes=("an adaptation is still under way: no other starts beside it (seed 003 section 6)",))
+        return replace(base, notes=("an adaptation is still under way: no other starts beside it "
+                                    "(seed 003 section 6)",))
     standbys = sorted(o.worker for o in observations if o.alive and o.role == "standby")
     load = _plan_load(base, active, standbys, settings, history, rng)
     if load.adaptation is not None:

@@ -383,3 +383,21 @@ def test_the_hash_workers_heartbeat_carries_its_backlog_and_group_bytes(tmp_path
     assert beat.lag == 4 and beat.backlog_bytes == 7 + 3 * 50
     assert beat.group_bytes == {4: 0, 9: 0}  # owned, not read yet
     w.store.store.close()
+
+
+def test_the_dry_run_reads_the_placement_and_an_epoch_of_heartbeats(monkeypatch) -> None:
+    """read_dry_run's wiring: the stored placement, heartbeats of max(epoch, heartbeat timeout)."""
+    from streamjoin.services.coordinator import rebalance
+
+    job = load("streamjoin/jobs/seed000.yaml", coordinator={"reorg_epoch_ms": 5_000, "heartbeat_timeout_ms": 8_000})
+    asked: list[float] = []
+
+    def heartbeats_since(job: object, cluster: object, window_s: float) -> list[control.Heartbeat]:
+        asked.append(window_s)
+        return [beat("a", 0, 0, {0: 1, 1: 2})]
+
+    monkeypatch.setattr(rebalance.placing, "load", lambda job, cluster: ({0: "a", 1: "a"}, 1))
+    monkeypatch.setattr(rebalance, "heartbeats_since", heartbeats_since)
+    report = rebalance.read_dry_run(job, kafka.Cluster("127.0.0.1:1"), random.Random(0))
+    assert asked == [8.0]
+    assert [(r["worker"], r["alive"], r["groups"]) for r in report["workers"]] == [("a", False, 2)]  # beat from 1970
