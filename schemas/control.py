@@ -18,6 +18,12 @@ class Heartbeat(BaseModel):
     lag: int = 0
     state_bytes: int = 0
     state_tuples: int = 0
+    # Observations for the adaptive coordinator (services/coordinator/adapt.py); the defaults let
+    # heartbeats of older workers decode. backlog_bytes: records fetched but not joined yet, plus
+    # the consumer lag priced at the mean record size (seed 000's buffer occupancy, in bytes).
+    # group_bytes: window state bytes of each owned group (seed 003's memory signal).
+    backlog_bytes: int = 0
+    group_bytes: dict[int, int] = Field(default_factory=dict)
     metrics_url: str = ""
     ring_layout: list[str] = Field(default_factory=list)  # ring head: the layout its rounds run on
     ring_busy: bool = False  # ring head: released tuples are still travelling the ring

@@ -2,6 +2,7 @@
 graph, so every layer can read the job without importing any other layer."""
 
 from streamjoin.settings.job import (
+    CoordinatorSpec,
     FieldType,
     JobSettings,
     JoinSpec,
@@ -14,5 +15,5 @@ from streamjoin.settings.job import (
 )
 from streamjoin.settings.topics import ROLES, TopicRole, TopicSettings, TopicsSpec
 
-__all__ = ["FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm", "ROLES", "SettingsError", "StreamSpec",
-           "TopicRole", "TopicSettings", "TopicsSpec", "WindowSpec", "load"]
+__all__ = ["CoordinatorSpec", "FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm", "ROLES",
+           "SettingsError", "StreamSpec", "TopicRole", "TopicSettings", "TopicsSpec", "WindowSpec", "load"]

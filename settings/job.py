@@ -182,9 +182,60 @@ class WorkerSpec(_Strict):
 
 
 class CoordinatorSpec(_Strict):
+    """Placement and adaptation (hash mode). The adaptive policy's parameters default to the
+    papers' values: seed 000 section VI-A Table 2 and section V-A (load balancing, degree of
+    declustering), seed 003 sections 5.1-5.2 (memory balancing)."""
+
     heartbeat_timeout_ms: int = Field(default=10_000, gt=0)
     expected_workers: int = Field(default=1, gt=0)
     metrics_port: int = Field(default=0, ge=0)
+    placement: Literal["sticky", "adaptive"] = Field(
+        default="sticky",
+        description="sticky: a group stays on the worker it was first placed on. adaptive: seed 000's load "
+                    "balancing and degree of declustering and seed 003's memory balancing decide moves "
+                    "(services/coordinator/adapt.py); until the migration protocol exists nothing moves and "
+                    "the decisions are only shown by `streamjoin rebalance --dry-run`")
+    buffer_bytes: int = Field(
+        default=1 << 20, gt=0,
+        description="a worker's buffer capacity: occupancy = mean backlog bytes over the reorganisation "
+                    "epoch / buffer_bytes (seed 000 IV-C; 1 MB in its section VI-A)")
+    reorg_epoch_ms: int = Field(
+        default=20_000, gt=0,
+        description="reorganisation epoch: how often load is rebalanced, and the span backlog is averaged "
+                    "over (seed 000 Table 2: 20 s)")
+    supplier_occupancy: float = Field(
+        default=0.5, gt=0, le=1,
+        description="a worker above this occupancy is a supplier and yields a group (seed 000 Table 2)")
+    consumer_occupancy: float = Field(
+        default=0.01, ge=0, lt=1,
+        description="a worker below this occupancy is a consumer and may receive a group (seed 000 Table 2)")
+    yield_group: Literal["random", "heaviest"] = Field(
+        default="random",
+        description="which group a supplier yields: a random one (seed 000 IV-C) or the one with the most "
+                    "window state bytes")
+    scale_lambda: float = Field(
+        default=1.0, gt=0,
+        description="scale out when suppliers > scale_lambda x consumers; scale in when there is no "
+                    "supplier (seed 000 V-A)")
+    scale_cooldown_ms: int = Field(
+        default=60_000, ge=0,
+        description="least time between two changes of the number of active workers (not in the paper: "
+                    "three reorganisation epochs, so a change's moves show in the backlog before the next)")
+    memory_balance_theta: float = Field(
+        default=0.8, ge=0, le=1,
+        description="move state from the fullest to the emptiest worker when M_least / M_most is below this "
+                    "(seed 003 5.1, theta_d); 0 turns memory balancing off")
+    memory_balance_interval_ms: int = Field(
+        default=45_000, ge=0,
+        description="least time between two memory balancings (seed 003 5.2: 45 s)")
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> "CoordinatorSpec":
+        if self.consumer_occupancy >= self.supplier_occupancy:
+            raise ValueError(f"coordinator.consumer_occupancy ({self.consumer_occupancy}) must be below "
+                             f"coordinator.supplier_occupancy ({self.supplier_occupancy}): a worker cannot be "
+                             "both a consumer and a supplier")
+        return self
 
 
 class WorkloadSpec(_Strict):
@@ -271,6 +322,7 @@ class JobSettings(BaseModel):
             raise ValueError(f"stream names must be unique, got {names}")
         self._check_names()
         self._check_retention()
+        self._check_reorg_epoch()
         if self.join.mode == "hash":
             self._check_hash_mode()
         else:
@@ -298,6 +350,13 @@ class JobSettings(BaseModel):
                 raise ValueError(f"topics.{role}.retention_ms {retention} is shorter than the longest time window plus "
                                  f"join.allowed_lateness_ms ({needed} ms): records would expire while a window "
                                  "still needs them")
+
+    def _check_reorg_epoch(self) -> None:
+        """Occupancy averages the backlog a worker's heartbeats report over an epoch: it needs one."""
+        if self.coordinator.reorg_epoch_ms < self.worker.heartbeat_ms:
+            raise ValueError(f"coordinator.reorg_epoch_ms ({self.coordinator.reorg_epoch_ms}) is shorter than "
+                             f"worker.heartbeat_ms ({self.worker.heartbeat_ms}): an epoch would hold no backlog "
+                             "sample of a worker")
 
     def _check_hash_mode(self) -> None:
         if self.join.predicate:

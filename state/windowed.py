@@ -41,10 +41,16 @@ class WindowedStore:
         self.templates = [Block(dict(t.columns) | {BLOCK_SEQ: np.empty(0, np.int64)}) for t in templates]
         self.hot_bytes = hot_bytes
         self._hot: OrderedDict[int, GroupState] = OrderedDict()
+        # Window bytes of every group read or written since it was last forgotten, hot or cold:
+        # a window changes only in a batch, so the size its last batch left is still its size.
+        self._sizes: dict[int, int] = {}
 
     # ------------------------------------------------------------------ reads
     def get(self, group: int) -> GroupState:
-        state = self._hot.pop(group, None) or self._restore(group)
+        state = self._hot.pop(group, None)
+        if state is None:
+            state = self._restore(group)
+            self._sizes[group] = state.window.nbytes
         self._hot[group] = state  # most recently used last
         return state
 
@@ -75,6 +81,7 @@ class WindowedStore:
                 tx.delete(window_block_key(group, i, dead))
             state.stored[i] &= live
         tx.put(checkpoint_key(group), state.checkpoint.encode())
+        self._sizes[group] = state.window.nbytes
 
     def evict_cold(self, keep: set[int]) -> None:
         """Keep the in-memory part under `hot_bytes`; the store already holds everything."""
@@ -87,6 +94,7 @@ class WindowedStore:
 
     def forget(self, group: int) -> None:
         self._hot.pop(group, None)
+        self._sizes.pop(group, None)
 
     @property
     def hot_size(self) -> int:
@@ -94,3 +102,8 @@ class WindowedStore:
 
     def hot_groups(self) -> dict[int, GroupState]:
         return dict(self._hot)
+
+    def group_bytes(self, groups: set[int]) -> dict[int, int]:
+        """Window bytes of each of `groups` as its last batch (or its restore) left it; 0 for a
+        group not read since it was assigned. Costs one dict lookup per group, no window scan."""
+        return {g: self._sizes.get(g, 0) for g in sorted(groups)}

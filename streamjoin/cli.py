@@ -8,6 +8,7 @@ message that names the field.
 from __future__ import annotations
 
 import json
+import random
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -205,6 +206,30 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
     if snap["ring_failed"]:
         Console().print(f"[red]ring failed ({snap['ring_failed']}): it produces no more results; "
                         "restart the job on fresh topics[/red]")
+
+
+@app.command()
+def rebalance(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print what the adaptive policy would do now")] = False,
+    job: JobOpt = None, bootstrap: BootstrapOpt = None,
+    seed: Annotated[Optional[int], typer.Option(help="seed of the random group choice (default: unseeded)")] = None,
+) -> None:
+    """What the coordinator's adaptive policy would do now, and why (hash mode): each worker's
+    occupancy, role and state bytes, and the planned moves and scale change, as JSON.
+
+    Only --dry-run exists: moving groups needs the migration protocol, not built yet (exit 2)."""
+    s = _settings(job, bootstrap=bootstrap)
+    if not dry_run:
+        console.print("[red]error:[/red] moving partition groups between live workers needs the migration "
+                      "protocol, which is not built yet: run `streamjoin rebalance --dry-run` to see the plan")
+        raise typer.Exit(2)
+    if s.join.mode != "hash":
+        console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; rebalancing places the "
+                      "partition groups of join.mode: hash")
+        raise typer.Exit(2)
+    from streamjoin.services.coordinator.rebalance import read_dry_run
+
+    print(json.dumps(read_dry_run(s, _cluster(s), random.Random(seed)), indent=2))
 
 
 def _name_spark_log() -> None:

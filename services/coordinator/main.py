@@ -56,6 +56,9 @@ class Coordinator:
             topics.ensure(self.cluster.admin(), self.job)
             self.placement, self.epoch = placing.load(self.job, self.cluster)
         log.info("coordinator started", groups_placed=len(self.placement), epoch=self.epoch)
+        if self.job.coordinator.placement == "adaptive":
+            log.warning("coordinator.placement adaptive: groups stay where they are until the migration protocol "
+                        "exists; `streamjoin rebalance --dry-run` shows what the policy would move")
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
 
     def _loop(self) -> None:

@@ -13,19 +13,22 @@ from streamjoin.services.coordinator import placement as placing
 from streamjoin.settings import JobSettings
 
 
-def latest_heartbeats(job: JobSettings, cluster: kafka.Cluster, window_s: float = 30.0) -> dict[str, control.Heartbeat]:
+def heartbeats_since(job: JobSettings, cluster: kafka.Cluster, window_s: float) -> list[control.Heartbeat]:
+    """Every heartbeat written to the control topic in the last `window_s` seconds, oldest first."""
     c = cluster.consumer(f"{job.consumer_group}-status")
     try:
         since = int((time.time() - window_s) * 1000)
         start = c.offsets_for_times([TopicPartition(job.control_topic, 0, since)], timeout=10)[0].offset
     finally:
         c.close()
-    beats: dict[str, control.Heartbeat] = {}
-    for m in kafka.read_partition(cluster, job.control_topic, 0, max(start, 0), f"{job.consumer_group}-status"):
-        msg = control.decode_control(m.value())
-        if isinstance(msg, control.Heartbeat):
-            beats[msg.worker] = msg
-    return beats
+    messages = kafka.read_partition(cluster, job.control_topic, 0, max(start, 0), f"{job.consumer_group}-status")
+    decoded = (control.decode_control(m.value()) for m in messages)
+    return [msg for msg in decoded if isinstance(msg, control.Heartbeat)]
+
+
+def latest_heartbeats(job: JobSettings, cluster: kafka.Cluster, window_s: float = 30.0) -> dict[str, control.Heartbeat]:
+    """Each worker's newest heartbeat of the last `window_s` seconds."""
+    return {beat.worker: beat for beat in heartbeats_since(job, cluster, window_s)}
 
 
 def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:

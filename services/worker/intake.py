@@ -99,6 +99,10 @@ class RecordBuffer:
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def value_bytes(self) -> int:
+        """Bytes of the records' values (tombstones count 0), summed in C: no Python per record."""
+        return sum(map(len, filter(None, self.values)))
+
     def read_partitions(self) -> list[tuple[str, int]]:
         """Every (topic, partition) a record of this buffer was read from."""
         return [(topic, p) for by_topic in self.positions.values() for topic, parts in by_topic.items() for p in parts]

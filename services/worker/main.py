@@ -21,6 +21,7 @@ from streamjoin.engine.window_join import template
 from streamjoin.schemas import control
 from streamjoin.services import kafka, metrics
 from streamjoin.services.shutdown import Stopped, StopFlag
+from streamjoin.services.worker.backlog import RecordSize, backlog_bytes
 from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of, routing_for
 from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import GroupBatch, join_plan, run_cycle
@@ -64,6 +65,7 @@ class Worker:
         self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
         self.heard: dict[int, np.ndarray] = {}  # group -> per stream, wall ms of its last record (or of assignment)
         self.idle_seen: dict[int, frozenset[int]] = {}  # group -> its idle streams at its last batch
+        self.record_size = RecordSize()  # prices the consumer lag in bytes for the heartbeat's backlog
         self.health = metrics.HealthState()
         self.stop_flag = StopFlag()
         self.metrics_url = ""
@@ -211,6 +213,7 @@ class Worker:
         if not self.pending and not woken:
             return
         self._advance_to_consumer_positions()
+        self.record_size.observe(self.pending)
         batches = run_cycle(self.job, self.plan, self.store, self.pending, self.routings, now_ms, idle, woken)
         self.idle_seen.update({b.group: idle.get(b.group, frozenset()) for b in batches})
         self.pending = {}
@@ -317,26 +320,30 @@ class Worker:
     # --------------------------------------------------------------- heartbeat
     def _heartbeat(self) -> None:
         hot = self.store.hot_groups()
+        behind = self._records_behind()
+        lag = behind + sum(len(b) for b in self.pending.values())
+        metrics.LAG.set(lag)
         beat = control.Heartbeat(
-            worker=self.worker_id, wall_ms=int(time.time() * 1000), groups=sorted(self.groups), lag=self._lag(),
+            worker=self.worker_id, wall_ms=int(time.time() * 1000), groups=sorted(self.groups), lag=lag,
             state_bytes=sum(s.window.nbytes for s in hot.values()),
             state_tuples=sum(s.window.tuples for s in hot.values()), metrics_url=self.metrics_url,
+            backlog_bytes=backlog_bytes(self.pending, behind, self.record_size),
+            group_bytes=self.store.group_bytes(self.groups),
         )
         self.control_out.produce(self.job.control_topic, value=control.encode(beat), key=self.worker_id.encode(),
                                  partition=0)
         self.control_out.poll(0)
 
-    def _lag(self) -> int:
+    def _records_behind(self) -> int:
+        """Records in the owned groups' input partitions past the consumer's position (not fetched yet)."""
         if not self.groups:
             return 0
-        lag = 0
+        behind = 0
         for tp in self.consumer.position(self._partitions(self.groups)):
             _, high = self.consumer.get_watermark_offsets(tp, cached=True)
             if high >= 0 and tp.offset >= 0:
-                lag += max(0, high - tp.offset)
-        lag += sum(len(b) for b in self.pending.values())
-        metrics.LAG.set(lag)
-        return lag
+                behind += max(0, high - tp.offset)
+        return behind
 
 
 def run_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:

@@ -166,3 +166,18 @@ def test_each_forwarded_record_is_taken_once(runs: list[tuple[int, int, int, int
         newest = {p: o for (g, p), o in seen.items() if g == group}
         assert slice_.routed == {p: o for p, o in newest.items() if p in slice_.routed}
         assert slice_.duplicates == sum(length for g, *_, length in runs if g == group) - len(taken)
+
+
+def test_backlog_is_fetched_bytes_plus_the_lag_priced_at_the_mean_record() -> None:
+    from streamjoin.services.worker.backlog import RecordSize, backlog_bytes
+
+    size = RecordSize()
+    assert backlog_bytes({}, 1000, size) == 0  # no record seen yet: the lag has no price
+    seen = RecordBuffer()
+    for offset, value in enumerate([b"x" * 10, b"y" * 30, None]):  # a tombstone weighs nothing
+        seen.add(Msg("in.r", 0, offset, value), 0)  # type: ignore[arg-type]
+    size.observe({0: seen})
+    assert size.mean == 40 / 3
+    waiting = RecordBuffer()
+    waiting.add(Msg("in.s", 1, 0, b"z" * 7), 1)  # type: ignore[arg-type]
+    assert backlog_bytes({1: waiting}, 3, size) == 7 + 40

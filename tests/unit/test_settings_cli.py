@@ -106,3 +106,46 @@ def test_unimportable_udf_exits_2_at_worker_start(tmp_path: Path) -> None:
     result = runner.invoke(app, ["worker", "--worker-id", "w0", "--job", str(path), "--bootstrap", "127.0.0.1:1"])
     assert result.exit_code == 2, result.output
     assert "cannot import 'no_such_module:f'" in result.output
+
+
+def test_coordinator_defaults_are_the_papers() -> None:
+    c = load(default_job_file()).coordinator
+    assert c.placement == "sticky"  # nothing moves until the migration protocol exists
+    assert (c.buffer_bytes, c.reorg_epoch_ms) == (1 << 20, 20_000)  # seed 000 VI-A, Table 2
+    assert (c.supplier_occupancy, c.consumer_occupancy, c.scale_lambda) == (0.5, 0.01, 1.0)  # Table 2, V-A
+    assert c.yield_group == "random"  # seed 000 IV-C
+    assert (c.memory_balance_theta, c.memory_balance_interval_ms) == (0.8, 45_000)  # seed 003 5.1-5.2
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"placement": "elastic"}, "coordinator.placement"),
+    ({"buffer_bytes": 0}, "coordinator.buffer_bytes"),
+    ({"reorg_epoch_ms": -1}, "coordinator.reorg_epoch_ms"),
+    ({"reorg_epoch_ms": 500}, "coordinator.reorg_epoch_ms"),  # shorter than worker.heartbeat_ms (1000)
+    ({"supplier_occupancy": 1.5}, "coordinator.supplier_occupancy"),
+    ({"consumer_occupancy": -0.1}, "coordinator.consumer_occupancy"),
+    ({"consumer_occupancy": 0.6}, "coordinator.consumer_occupancy"),  # not below supplier_occupancy 0.5
+    ({"yield_group": "lightest"}, "coordinator.yield_group"),
+    ({"scale_lambda": 0}, "coordinator.scale_lambda"),
+    ({"scale_cooldown_ms": -5}, "coordinator.scale_cooldown_ms"),
+    ({"memory_balance_theta": 1.2}, "coordinator.memory_balance_theta"),
+    ({"memory_balance_interval_ms": "often"}, "coordinator.memory_balance_interval_ms"),
+])
+def test_bad_coordinator_setting_is_a_settings_error_naming_it(tmp_path: Path, change: dict, field: str) -> None:
+    path = _job(tmp_path, lambda d: d["coordinator"].update(change))
+    with pytest.raises(SettingsError, match=field):
+        load(path)
+    result = runner.invoke(app, ["rebalance", "--dry-run", "--job", str(path), "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2 and field in result.output, result.output
+
+
+def test_rebalance_without_dry_run_exits_2_naming_the_migration_protocol() -> None:
+    result = runner.invoke(app, ["rebalance", "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert "migration protocol" in result.output and "--dry-run" in result.output
+
+
+def test_rebalance_of_a_ring_job_exits_2() -> None:
+    result = runner.invoke(app, ["rebalance", "--dry-run", "--job", "streamjoin/jobs/band3.yaml",
+                                 "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2 and "join.mode: hash" in result.output

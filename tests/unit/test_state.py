@@ -109,3 +109,21 @@ def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
     assert store.hot_groups() == {} and store.hot_size == 0
     assert _snapshot(store.get(3).window) == before
     assert np.all(store.get(3).window.state[0]["_blk"] >= 1)
+
+
+def test_group_bytes_are_each_groups_window_hot_or_cold(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), hot_bytes=1)
+    assert store.group_bytes({GROUP, 7}) == {GROUP: 0, 7: 0}  # nothing read yet
+    _feed(job, store, group=GROUP, batches=3)
+    size = store.get(GROUP).window.nbytes
+    assert size > 0 and store.group_bytes({GROUP}) == {GROUP: size}
+    store.evict_cold(keep=set())
+    assert store.group_bytes({GROUP}) == {GROUP: size}  # evicted to RocksDB, still counted
+    store.forget(GROUP)
+    assert store.group_bytes({GROUP}) == {GROUP: 0}  # no longer owned
+    store.store.close()
+    reopened = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), hot_bytes=1)
+    reopened.get(GROUP)
+    assert reopened.group_bytes({GROUP}) == {GROUP: size}  # a restored window reports its size
+    reopened.store.close()
