@@ -131,7 +131,7 @@ def test_hostile_records_are_dead_lettered_once_and_no_worker_stops(broker, flee
 
 
 def test_hostile_records_do_not_stop_a_ring(broker, tmp_path) -> None:
-    """The same kinds on both sources of a 2-node ring (equality as a band of width 0)."""
+    """The same kinds, as many records, on both sources of a 2-node ring (equality as a band of width 0)."""
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 250}], workers=2, partitions=4,
                    worker={"max_record_bytes": MAX_RECORD_BYTES},
                    join={"mode": "ring", "predicate": [{"left": "r.k", "right": "s.k", "within": 0}]},
@@ -144,7 +144,8 @@ def test_hostile_records_do_not_stop_a_ring(broker, tmp_path) -> None:
         landed: dict[tuple[str, int, int], str] = {}
         for part in range(3):
             produce_rows(job, broker.bootstrap, rows[part * 1000:(part + 1) * 1000])
-            landed |= _write_hostile(job, broker.bootstrap, kinds)
+            landed |= _write_hostile(job, broker.bootstrap, kinds, copies=60)
+        assert len(landed) >= 10_000
         wait_ring_quiet(job, broker.bootstrap, fleet)
         fleet.assert_running()  # restart_workers is off: a node that exited fails here
         result = check_ring(job, broker.bootstrap)
