@@ -46,6 +46,10 @@ class Run:
         """How many of its tuples are older than `floor`."""
         return int(np.searchsorted(self.times, floor, side="left"))
 
+    def alive(self, floor: int) -> int:
+        """How many of its tuples are not older than `floor`."""
+        return len(self) - self.dead(floor)
+
     def live(self, floor: int) -> "Run":
         """This run without the tuples older than `floor` (itself when none are)."""
         dead = self.dead(floor)
@@ -93,7 +97,7 @@ class SortedRuns:
 
     def __len__(self) -> int:
         """Live tuples."""
-        return sum(len(r) - r.dead(self.floor) for r in self.runs)
+        return sum(r.alive(self.floor) for r in self.runs)
 
     @property
     def nbytes(self) -> int:
@@ -162,7 +166,7 @@ class SortedRuns:
         i = len(self.runs) - 2
         while i >= 0:
             older, newer = self.runs[i], self.runs[i + 1]
-            if len(older) - older.dead(self.floor) < RATIO * (len(newer) - newer.dead(self.floor)):
+            if older.alive(self.floor) < RATIO * newer.alive(self.floor):
                 self.runs[i:i + 2] = [self._merged(older, newer)]
             i -= 1
 

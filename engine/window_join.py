@@ -188,23 +188,25 @@ def _probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np
 # ---------------------------------------------------------- on watermark (ROWS)
 
 def _emit_on_watermark(plan: JoinPlan, window: GroupWindow, wm_from: int, wm_to: int, now_ms: int) -> Block:
-    if wm_to <= wm_from or any(not len(b) for b in window.state):
-        return _assemble(plan, window.state, _no_combos(plan), now_ms)
-    indexes = [TimeIndex(b[KEY], b[TS], int(b[TS].min()), int(b[TS].max())) for b in window.state]
+    state = window.state
+    if wm_to <= wm_from or any(not len(b) for b in state):
+        return _assemble(plan, state, _no_combos(plan), now_ms)
+    indexes = [TimeIndex(b[KEY], b[TS], int(b[TS].min()), int(b[TS].max())) for b in state]
     parts = []
-    for j, trig_stream in enumerate(window.state):
+    for j, trig_stream in enumerate(state):
         ts = trig_stream[TS]
         trig = np.flatnonzero((ts >= wm_from) & (ts < wm_to))
         if len(trig):
-            parts.append(_assemble(plan, window.state, _combos_for_triggers(plan, window, indexes, j, trig), now_ms))
-    return concat(parts) if parts else _assemble(plan, window.state, _no_combos(plan), now_ms)
+            parts.append(_assemble(plan, state, _combos_for_triggers(plan, state, indexes, j, trig), now_ms))
+    return concat(parts) if parts else _assemble(plan, state, _no_combos(plan), now_ms)
 
 
-def _combos_for_triggers(plan: JoinPlan, window: GroupWindow, indexes: list[TimeIndex], j: int,
+def _combos_for_triggers(plan: JoinPlan, state: list[Block], indexes: list[TimeIndex], j: int,
                          trig: np.ndarray) -> dict[int, np.ndarray]:
-    """All combinations whose newest member (by ts, then stream order) is a trigger tuple of stream j."""
-    keys = window.state[j][KEY][trig]
-    big_t = window.state[j][TS][trig]
+    """All combinations whose newest member (by ts, then stream order) is a trigger tuple of stream j.
+    `state`: per stream, the window as one block sorted by (key, ts, off)."""
+    keys = state[j][KEY][trig]
+    big_t = state[j][TS][trig]
     floor = np.full(len(trig), NO_TIME)
     ok = np.ones(len(trig), dtype=bool)
     own = plan.streams[j]

@@ -37,7 +37,7 @@ def _live(model: list[Row], floor: int) -> list[Row]:
 
 
 def _assert_tiered(runs: SortedRuns) -> None:
-    sizes = [len(r) - r.dead(runs.floor) for r in runs.runs]
+    sizes = [r.alive(runs.floor) for r in runs.runs]
     assert all(s > 0 for s in sizes)
     assert all(older >= 2 * newer for older, newer in zip(sizes, sizes[1:]))
     assert len(sizes) <= 1 + math.log2(max(len(runs), 1))
