@@ -79,7 +79,7 @@ def _stream_batch(rng: np.random.Generator, t0: int, n: int, domain: int) -> Blo
     return system_block(rng.integers(0, domain, n), ts, np.zeros(n), ts, ts, {"pad": pad})
 
 
-class _Feed:
+class Feed:
     """Consecutive batches of both streams, each stream's times running on from the last batch."""
 
     def __init__(self, per_stream_window: int, seed: int = 0) -> None:
@@ -93,7 +93,7 @@ class _Feed:
         return blocks
 
 
-def _timed_batches(plan: JoinPlan, window: GroupWindow, feed: _Feed, per_stream: int, count: int) -> list[float]:
+def _timed_batches(plan: JoinPlan, window: GroupWindow, feed: Feed, per_stream: int, count: int) -> list[float]:
     """Milliseconds of each of `count` batches (the batch is made before the clock starts)."""
     out = []
     for _ in range(count):
@@ -104,10 +104,10 @@ def _timed_batches(plan: JoinPlan, window: GroupWindow, feed: _Feed, per_stream:
     return out
 
 
-def _filled(size: int, peer: bool) -> tuple[JoinPlan, GroupWindow, _Feed]:
+def filled_window(size: int, peer: bool) -> tuple[JoinPlan, GroupWindow, Feed]:
     """A group whose window holds `size` tuples, in runs or (peer) one block per stream."""
     per_stream = size // STREAMS
-    plan, feed = _plan(per_stream), _Feed(per_stream)
+    plan, feed = _plan(per_stream), Feed(per_stream)
     window = empty_window(plan, [b.take(np.empty(0, np.int64)) for b in feed.next(0)])
     if peer:
         window.runs = [OneBlock(r.template) for r in window.runs]  # type: ignore[misc]  # duck-typed
@@ -127,13 +127,13 @@ def measure_size(size: int, batch: int, repeats: int) -> dict:
     repeats: timed batches of the peer."""
     per_stream_batch = batch // STREAMS
     turnover = max(size // batch, 1)  # batches until every tuple of the window has been replaced
-    plan, window, feed = _filled(size, peer=False)
+    plan, window, feed = filled_window(size, peer=False)
     _timed_batches(plan, window, feed, per_stream_batch, turnover)
     copied_before = sum(r.copied for r in window.runs)
     ours = _timed_batches(plan, window, feed, per_stream_batch, max(turnover, 50))
     copied = (sum(r.copied for r in window.runs) - copied_before) / len(ours)
     runs = [len(r.runs) for r in window.runs]
-    plan, peer_window, feed = _filled(size, peer=True)
+    plan, peer_window, feed = filled_window(size, peer=True)
     peer = _timed_batches(plan, peer_window, feed, per_stream_batch, repeats)
     return {"window_tuples": window.tuples, "batch_tuples": batch, "runs_per_stream": runs,
             "tuples_copied_per_batch": round(copied), "ours": _summary(ours), "peer_one_block": _summary(peer),
