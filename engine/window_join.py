@@ -27,6 +27,7 @@ import numpy as np
 from streamjoin.engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, Block, concat
 from streamjoin.engine.probe import TimeIndex, expand_ranges, key_ranges, sort_by_key_time
 from streamjoin.engine.result_ids import result_head
+from streamjoin.engine.runs import SortedRuns
 
 NO_TIME = np.iinfo(np.int64).min // 4  # "no watermark yet"; headroom so arithmetic cannot wrap
 
@@ -54,19 +55,26 @@ class JoinPlan:
 
 @dataclass
 class GroupWindow:
-    """The window state of one partition group: per stream, tuples sorted by (key, ts, off)."""
+    """The window state of one partition group: per stream, sorted runs merged in tiers
+    (engine/runs.py), so a batch costs what it brings, not what the window holds."""
 
-    state: list[Block]
+    runs: list[SortedRuns]
     max_ts: list[int]
     watermark: int = NO_TIME
 
     @property
+    def state(self) -> list[Block]:
+        """Per stream, the live tuples as one block sorted by (key, ts, off). Merges each
+        stream's runs into one: for count windows, which need every tuple of a key in order."""
+        return [r.merged() for r in self.runs]
+
+    @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.state)
+        return sum(r.nbytes for r in self.runs)
 
     @property
     def tuples(self) -> int:
-        return sum(len(b) for b in self.state)
+        return sum(len(r) for r in self.runs)
 
 
 @dataclass
@@ -79,7 +87,7 @@ class BatchOutcome:
 
 
 def empty_window(plan: JoinPlan, templates: list[Block]) -> GroupWindow:
-    return GroupWindow([t.take(np.empty(0, np.int64)) for t in templates], [NO_TIME] * len(plan.streams))
+    return GroupWindow([SortedRuns(t.take(np.empty(0, np.int64))) for t in templates], [NO_TIME] * len(plan.streams))
 
 
 def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_ms: int,
@@ -97,7 +105,7 @@ def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_
         late.append(d.filter(~on_time))
     if plan.on_watermark:
         for i, d in enumerate(accepted):
-            window.state[i] = _merge(window.state[i], d)
+            window.runs[i].add(d)
         _advance_watermark(plan, window, accepted, idle, floor)
         results = _emit_on_watermark(plan, window, wm_before, window.watermark, now_ms)
     else:
@@ -105,12 +113,6 @@ def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_
         _advance_watermark(plan, window, accepted, idle, floor)
     expire(plan, window)
     return BatchOutcome(results, late, wm_before, window.watermark, accepted)
-
-
-def _merge(state: Block, delta: Block) -> Block:
-    if not len(delta):
-        return state
-    return sort_by_key_time(concat([state, delta])) if len(state) else delta
 
 
 def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block], idle: frozenset[int],
@@ -129,19 +131,19 @@ def expire(plan: JoinPlan, window: GroupWindow) -> None:
     wm = window.watermark
     if wm <= NO_TIME:
         return
-    for i, s in enumerate(plan.streams):
-        st = window.state[i]
+    for s, runs in zip(plan.streams, window.runs):
+        if s.range_ms is not None:
+            runs.expire_before(wm - s.range_ms + 1)  # alive while ts + range_ms > wm
+            continue
+        st = runs.merged()
         if not len(st):
             continue
-        if s.range_ms is not None:
-            alive = st[TS] + s.range_ms > wm
-        else:
-            # A count-window tuple is dead once `rows` newer same-key tuples are final (ts < wm).
-            idx = TimeIndex(st[KEY], st[TS], int(st[TS].min()), max(int(st[TS].max()), wm))
-            _, final_end = idx.between(st[KEY], np.full(len(st), NO_TIME), np.full(len(st), wm - 1))
-            alive = np.arange(len(st)) >= final_end - s.rows
+        # A count-window tuple is dead once `rows` newer same-key tuples are final (ts < wm).
+        idx = TimeIndex(st[KEY], st[TS], int(st[TS].min()), max(int(st[TS].max()), wm))
+        _, final_end = idx.between(st[KEY], np.full(len(st), NO_TIME), np.full(len(st), wm - 1))
+        alive = np.arange(len(st)) >= final_end - s.rows
         if not alive.all():
-            window.state[i] = st.filter(alive)
+            runs.replace(st.filter(alive))
 
 
 # ---------------------------------------------------------------- eager (RANGE)
@@ -150,12 +152,14 @@ def _emit_eager(plan: JoinPlan, window: GroupWindow, accepted: list[Block], now_
     parts = []
     for i, delta in enumerate(accepted):
         if len(delta):
-            sources = [window.state[j] if j != i else delta for j in range(len(plan.streams))]
+            # Each other stream contributes only its tuples with the delta's keys, gathered
+            # from every run: the probe below then works on blocks the size of its matches.
+            sources = [window.runs[j].matching(delta[KEY]) if j != i else delta for j in range(len(plan.streams))]
             combos = _probe_all(plan, sources, i)
             parts.append(_assemble(plan, sources, combos, now_ms))
         # Inserting after probing realises the delta formula: later D_i see D_j (j < i).
-        window.state[i] = _merge(window.state[i], delta)
-    return concat(parts) if parts else _assemble(plan, window.state, _no_combos(plan), now_ms)
+        window.runs[i].add(delta)
+    return concat(parts) if parts else _assemble(plan, [r.template for r in window.runs], _no_combos(plan), now_ms)
 
 
 def _probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np.ndarray]:
@@ -184,23 +188,25 @@ def _probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np
 # ---------------------------------------------------------- on watermark (ROWS)
 
 def _emit_on_watermark(plan: JoinPlan, window: GroupWindow, wm_from: int, wm_to: int, now_ms: int) -> Block:
-    if wm_to <= wm_from or any(not len(b) for b in window.state):
-        return _assemble(plan, window.state, _no_combos(plan), now_ms)
-    indexes = [TimeIndex(b[KEY], b[TS], int(b[TS].min()), int(b[TS].max())) for b in window.state]
+    state = window.state
+    if wm_to <= wm_from or any(not len(b) for b in state):
+        return _assemble(plan, state, _no_combos(plan), now_ms)
+    indexes = [TimeIndex(b[KEY], b[TS], int(b[TS].min()), int(b[TS].max())) for b in state]
     parts = []
-    for j, trig_stream in enumerate(window.state):
+    for j, trig_stream in enumerate(state):
         ts = trig_stream[TS]
         trig = np.flatnonzero((ts >= wm_from) & (ts < wm_to))
         if len(trig):
-            parts.append(_assemble(plan, window.state, _combos_for_triggers(plan, window, indexes, j, trig), now_ms))
-    return concat(parts) if parts else _assemble(plan, window.state, _no_combos(plan), now_ms)
+            parts.append(_assemble(plan, state, _combos_for_triggers(plan, state, indexes, j, trig), now_ms))
+    return concat(parts) if parts else _assemble(plan, state, _no_combos(plan), now_ms)
 
 
-def _combos_for_triggers(plan: JoinPlan, window: GroupWindow, indexes: list[TimeIndex], j: int,
+def _combos_for_triggers(plan: JoinPlan, state: list[Block], indexes: list[TimeIndex], j: int,
                          trig: np.ndarray) -> dict[int, np.ndarray]:
-    """All combinations whose newest member (by ts, then stream order) is a trigger tuple of stream j."""
-    keys = window.state[j][KEY][trig]
-    big_t = window.state[j][TS][trig]
+    """All combinations whose newest member (by ts, then stream order) is a trigger tuple of stream j.
+    `state`: per stream, the window as one block sorted by (key, ts, off)."""
+    keys = state[j][KEY][trig]
+    big_t = state[j][TS][trig]
     floor = np.full(len(trig), NO_TIME)
     ok = np.ones(len(trig), dtype=bool)
     own = plan.streams[j]

@@ -4,8 +4,9 @@ least recently used groups are evicted when it outgrows `hot_bytes` and are
 read back from RocksDB when their next batch arrives.
 
 A block stays on disk while any of its tuples is still in the window; a
-restored window is the stored blocks filtered by the same expiry rule, so it
-equals the window the worker had in memory.
+restored window is the stored blocks, added back as runs in batch order and
+filtered by the same expiry rule, so it equals the window the worker had in
+memory (each block was stored sorted, so no whole-window sort is needed).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamjoin.engine.block import Block, concat
-from streamjoin.engine.probe import sort_by_key_time
+from streamjoin.engine.block import TS, Block
 from streamjoin.engine.window_join import GroupWindow, JoinPlan, empty_window, expire
 from streamjoin.schemas.codecs import decode_block, encode_block
 from streamjoin.state.checkpoint import GroupCheckpoint
@@ -31,7 +31,7 @@ BLOCK_SEQ = "_blk"  # column: the batch that appended the tuple, i.e. its stored
 class GroupState:
     window: GroupWindow
     checkpoint: GroupCheckpoint
-    stored: list[set[int]] = field(default_factory=list)  # per stream: block seqs on disk
+    stored: list[dict[int, int]] = field(default_factory=list)  # per stream: block seq on disk -> its newest ts
 
 
 class WindowedStore:
@@ -57,12 +57,12 @@ class WindowedStore:
     def _restore(self, group: int) -> GroupState:
         ckpt = GroupCheckpoint.decode(self.store.get(checkpoint_key(group))) or GroupCheckpoint()
         window = empty_window(self.plan, self.templates)
-        stored: list[set[int]] = []
+        stored: list[dict[int, int]] = []
         for i in range(len(self.plan.streams)):
             blocks = {seq_of(k): decode_block(v) for k, v in self.store.scan(window_prefix(group, i))}
-            stored.append(set(blocks))
-            if blocks:
-                window.state[i] = sort_by_key_time(concat([self.templates[i], *blocks.values()]))
+            stored.append({seq: int(b[TS].max()) for seq, b in blocks.items()})
+            for seq in sorted(blocks):  # batch order, so runs merge in tiers as they did live
+                window.runs[i].add(blocks[seq])
         if ckpt.max_ts:
             window.max_ts, window.watermark = list(ckpt.max_ts), ckpt.watermark
         expire(self.plan, window)
@@ -75,13 +75,22 @@ class WindowedStore:
         for i, block in enumerate(appended):
             if len(block):
                 tx.put(window_block_key(group, i, seq), encode_block(block))
-                state.stored[i].add(seq)
-            live = set(np.unique(state.window.state[i][BLOCK_SEQ]).tolist())
-            for dead in state.stored[i] - live:
+                state.stored[i][seq] = int(block[TS].max())
+            for dead in self._dead_blocks(state, i):
                 tx.delete(window_block_key(group, i, dead))
-            state.stored[i] &= live
+                del state.stored[i][dead]
         tx.put(checkpoint_key(group), state.checkpoint.encode())
         self._sizes[group] = state.window.nbytes
+
+    def _dead_blocks(self, state: GroupState, stream: int) -> list[int]:
+        """Stored blocks of `stream` none of whose tuples is live any more."""
+        runs = state.window.runs[stream]
+        if self.plan.streams[stream].range_ms is None:
+            # Count windows expire per key, not by time: ask the tuples themselves.
+            live = set(np.unique(runs.merged()[BLOCK_SEQ]).tolist())
+            return [seq for seq in state.stored[stream] if seq not in live]
+        # Time windows: a block is dead once its newest tuple is below the window's floor.
+        return [seq for seq, newest in state.stored[stream].items() if newest < runs.floor]
 
     def evict_cold(self, keep: set[int]) -> None:
         """Keep the in-memory part under `hot_bytes`; the store already holds everything."""

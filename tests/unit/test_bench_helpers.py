@@ -1,11 +1,14 @@
 """The benchmark's arithmetic: rates from progress samples, capacity from a
-sweep, ratios, the equijoin key domain, PyFlink's join condition."""
+sweep, ratios, the equijoin key domain, PyFlink's join condition, and that
+the window-upkeep benchmark's one-block peer joins as the tiered runs do."""
 
 from __future__ import annotations
 
 import math
 
-from streamjoin.bench import equijoin, ours, report
+from streamjoin.bench import equijoin, ours, report, window_upkeep
+from streamjoin.engine.result_ids import RESULT_ID_HI, RESULT_ID_LO
+from streamjoin.engine.window_join import process_batch
 from streamjoin.bench.peers.pyflink_peer import where_clause
 
 
@@ -62,3 +65,17 @@ def test_delay_histogram_is_exact_for_count_mean_and_share_under_an_edge() -> No
     assert stats["count"] == 100 and stats["under_threshold"] == 0.99 and math.isclose(stats["mean_ms"], 600.0)
     assert 500.0 <= stats["p50_ms"] <= 1000.0
     assert (h - h).stats(1.0)["count"] == 0
+
+
+def test_window_upkeep_peer_joins_as_the_runs_do() -> None:
+    """The peer the window-upkeep benchmark times (one re-sorted block per stream) gives the
+    same results, in the same order, as the tiered runs, batch by batch."""
+    plan, runs_window, runs_feed = window_upkeep.filled_window(4000, peer=False)
+    _, peer_window, peer_feed = window_upkeep.filled_window(4000, peer=True)
+    for _ in range(12):
+        ours_out = process_batch(plan, runs_window, runs_feed.next(500), now_ms=0).results
+        peer_out = process_batch(plan, peer_window, peer_feed.next(500), now_ms=0).results
+        assert len(ours_out) > 0
+        for column in (RESULT_ID_HI, RESULT_ID_LO):
+            assert ours_out[column].tolist() == peer_out[column].tolist()
+    assert runs_window.tuples == peer_window.tuples == 4000

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from streamjoin.services.worker.intake import RecordBuffer, routing_for
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.services.worker.processor import join_plan, run_cycle
-from streamjoin.state.partition import window_prefix
+from streamjoin.state.partition import seq_of, window_prefix
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import load
@@ -60,7 +61,10 @@ def _job(tmp_path: Path, rows: bool = False):
                 worker={"state_dir": str(tmp_path), "hot_bytes": 1})
 
 
-def _feed(job, store: WindowedStore, group: int, batches: int) -> None:
+def _feed(job, store: WindowedStore, group: int, batches: int,
+          after_each: Callable[[WindowedStore], None] = lambda store: None) -> None:
+    """Run `batches` batches of 20 tuples through `group` and stage each; `after_each(store)`
+    is called once a batch is committed."""
     plan = join_plan(job)
     offset = {0: 0, 1: 0}
     for n in range(batches):
@@ -74,6 +78,7 @@ def _feed(job, store: WindowedStore, group: int, batches: int) -> None:
         tx = store.store.transaction()
         store.stage(tx, group, gb.state, gb.appended)
         tx.commit()
+        after_each(store)
 
 
 def _snapshot(window) -> list[list[tuple]]:
@@ -127,3 +132,19 @@ def test_group_bytes_are_each_groups_window_hot_or_cold(tmp_path: Path) -> None:
     reopened.get(GROUP)
     assert reopened.group_bytes({GROUP}) == {GROUP: size}  # a restored window reports its size
     reopened.store.close()
+
+
+def test_a_stored_block_lives_exactly_while_one_of_its_tuples_does(tmp_path: Path) -> None:
+    """Time windows find dead blocks by their newest time, count windows by their live tuples:
+    either way the blocks on disk are those some live tuple came from, after every batch."""
+    def blocks_match_live_tuples(store: WindowedStore) -> None:
+        state = store.get(GROUP)
+        for i in (0, 1):
+            on_disk = {seq_of(k) for k, _ in store.store.scan(window_prefix(GROUP, i))}
+            assert on_disk == set(state.stored[i]) == set(state.window.state[i]["_blk"].tolist())
+
+    for rows in (False, True):
+        job = _job(tmp_path / str(rows), rows)
+        store = WindowedStore(Store(tmp_path / str(rows) / "db"), join_plan(job), stream_templates(job), 1 << 30)
+        _feed(job, store, GROUP, batches=12, after_each=blocks_match_live_tuples)
+        store.store.close()
