@@ -91,6 +91,10 @@ RING_STALE = Counter("streamjoin_ring_stale_messages", "Hop messages rejected: s
 RING_ROUNDS = Counter("streamjoin_ring_rounds", "Rounds the ring head closed", registry=REGISTRY)
 RING_HANDLE_SECONDS = Histogram("streamjoin_ring_handle_seconds", "Time to handle one ring message",
                                 buckets=(.0005, .001, .005, .01, .05, .1, .5, 1, 5), registry=REGISTRY)
+OFFSETS_RECOMMITTED = Counter("streamjoin_offsets_recommitted", "Idle input partitions whose committed offset was "
+                              "behind the worker's position (reason=marker: only transaction markers since; "
+                              "reason=lost: a batch's committed offset read back older)", ["reason"],
+                              registry=REGISTRY)
 BROKER_ERRORS = Counter("streamjoin_broker_errors", "Kafka errors seen (retried)", ["kind"], registry=REGISTRY)
 
 

@@ -113,6 +113,15 @@ class Fleet:
             tails = {n: (self.log_dir / f"{n}.log").read_text()[-2000:] for n in dead}
             raise RuntimeError(f"services exited: {dead}\n{tails}")
 
+    def complaints(self, last: int = 5) -> dict[str, list[str]]:
+        """Each service's last `last` warning and error log lines: what a timeout's message shows."""
+        found = {}
+        for name in self.procs:
+            lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+            found[name] = [line[:400] for line in lines if '"level": "warning"' in line or '"level": "error"' in line
+                           or "Traceback" in line][-last:]
+        return {name: lines for name, lines in found.items() if lines}
+
     def wait_assigned(self, workers: list[str], timeout: float = 120.0) -> None:
         """Until every group is held by one of `workers`, as their heartbeats say."""
         deadline = time.monotonic() + timeout
@@ -185,7 +194,9 @@ def _wait_committed(job: JobSettings, bootstrap: str, ends: dict[tuple[str, int]
             return
         time.sleep(0.5)
     shown = ", ".join(f"{t}[{p}] at {c} of {e}" for (t, p), (c, e) in sorted(lagging.items())[:8])
-    raise TimeoutError(f"workers did not drain the input in time: {len(lagging)} partitions behind ({shown})")
+    complaints = f"; services' last warnings: {fleet.complaints()}" if fleet is not None else ""
+    raise TimeoutError(f"workers did not drain the input in time: {len(lagging)} partitions behind ({shown})"
+                       f"{complaints}")
 
 
 def wait_layout(job: JobSettings, bootstrap: str, fleet: Fleet, layout: list[str], timeout: float = 120.0) -> None:

@@ -106,7 +106,7 @@ class Worker:
                 self._cycle()
                 last_cycle = now
             if (now - last_beat) * 1000 >= self.job.worker.heartbeat_ms:
-                self._commit_skipped_markers()
+                self._reconcile_offsets()
                 self._heartbeat()
                 last_beat = now
 
@@ -251,23 +251,48 @@ class Worker:
         woken = [g for g in groups if g not in busy and idle.get(g, frozenset()) != self.idle_seen.get(g, frozenset())]
         return idle, woken
 
-    def _commit_skipped_markers(self) -> None:
-        """Commit positions that moved past transaction commit markers alone.
+    def _reconcile_offsets(self) -> None:
+        """Bring the group's committed offsets of idle partitions up to what this worker knows.
 
-        The by-key topics are written in transactions; a marker follows each one's records
-        and takes an offset. When a partition's last record was taken before the consumer
-        reached the marker behind it, no batch commits past it, and the partition would show
-        a lag of one for good. A partition with nothing pending returned no record since its
-        last commit, so its position moved over markers only: committing it loses nothing."""
+        Two ways they fall behind while nothing is wrong with the data: the by-key topics
+        are written in transactions, and a marker follows each one's records and takes an
+        offset; when a partition's last record was taken before the consumer reached the
+        marker behind it, no batch commits past it. And an offset sent in a committed
+        transaction is sometimes not there when read back (seen on Tansu 0.6, under load).
+        Either way a drained partition would show lag for good. Only partitions with
+        nothing pending are touched: every record before the consumer's position there is
+        in a committed batch, so committing the position (or re-committing what a batch
+        committed) loses nothing and replays nothing."""
         if not self.groups:
             return
         pending = {tp for buf in self.pending.values() for tp in buf.read_partitions()}
-        positions = self.consumer.position(self._partitions(self.groups))
-        moved = [tp for tp in positions if (tp.topic, tp.partition) not in pending
-                 and tp.offset > self.committed.get((tp.topic, tp.partition), tp.offset)]
-        if moved:
-            self.consumer.commit(offsets=moved, asynchronous=False)
-            self.committed.update({(tp.topic, tp.partition): tp.offset for tp in moved})
+        idle = [tp for tp in self._partitions(self.groups) if (tp.topic, tp.partition) not in pending]
+        if not idle:
+            return
+        known = {(tp.topic, tp.partition): max(tp.offset, self.committed.get((tp.topic, tp.partition), -1))
+                 for tp in self.consumer.position(idle)}
+        try:
+            on_broker = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.committed(idle, timeout=10)}
+        except KafkaException:
+            metrics.BROKER_ERRORS.labels("offset-fetch").inc()
+            return  # the broker is away: the next heartbeat looks again
+        behind = [TopicPartition(t, p, o) for (t, p), o in known.items()
+                  if o >= 0 and (t, p) in self.committed and o > on_broker.get((t, p), -1)]
+        if not behind:
+            return
+        lost = [tp for tp in behind if on_broker.get((tp.topic, tp.partition), -1) < self.committed[(tp.topic, tp.partition)]]
+        if lost:
+            log.warning("committed offsets read back behind this worker's commits; committing them again",
+                        worker=self.worker_id, partitions=[f"{tp.topic}[{tp.partition}]" for tp in lost[:8]])
+            metrics.OFFSETS_RECOMMITTED.labels("lost").inc(len(lost))
+        if len(behind) > len(lost):
+            metrics.OFFSETS_RECOMMITTED.labels("marker").inc(len(behind) - len(lost))
+        try:
+            self.consumer.commit(offsets=behind, asynchronous=False)
+        except KafkaException:
+            metrics.BROKER_ERRORS.labels("offset-commit").inc()
+            return
+        self.committed.update({(tp.topic, tp.partition): tp.offset for tp in behind})
 
     def _advance_to_consumer_positions(self) -> None:
         read = sorted({tp for buf in self.pending.values() for tp in buf.read_partitions()})
