@@ -74,6 +74,14 @@ RECOVERED_BATCHES = Counter("streamjoin_recovered_batches", "Batches replayed at
                             registry=REGISTRY)
 RECOVERIES = Counter("streamjoin_recoveries", "Recovery runs completed (groups taken on at start or by assignment, "
                      "groups of a failed cycle), whether or not a batch needed replaying", registry=REGISTRY)
+CHANGELOG_RECORDS = Counter("streamjoin_changelog_records", "Changelog records of group state: written by cycles "
+                            "and replays, read by restores", ["op"], registry=REGISTRY)
+CHANGELOG_BYTES = Counter("streamjoin_changelog_written_bytes", "Bytes of group state written to the changelog",
+                          registry=REGISTRY)
+CHANGELOG_RESTORES = Counter("streamjoin_changelog_restores", "Groups whose state was rebuilt from the changelog "
+                             "(no local copy, or an older one)", registry=REGISTRY)
+RESTORE_SECONDS = Histogram("streamjoin_restore_seconds", "Time to rebuild one recovery's groups from the changelog",
+                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
 GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
 RING_MESSAGES = Counter("streamjoin_ring_messages", "Ring messages handled by this node", ["kind"],

@@ -172,6 +172,11 @@ class WorkerSpec(_Strict):
     state_dir: Path = Path("./state")
     hot_bytes: int = Field(default=2 << 30, gt=0, description="window bytes kept in memory; the rest stays in RocksDB")
     exactly_once: bool = True
+    changelog: bool = Field(
+        default=True,
+        description="hash mode: mirror each group's state writes to <job>.changelog in the cycle's transaction, so "
+                    "any worker rebuilds a group from it in time that grows with the window, not the job's age; "
+                    "false: a worker without the group's disk replays every batch since the job began")
     max_record_bytes: int = Field(default=1 << 20, gt=0)
     heartbeat_ms: int = Field(default=1000, gt=0)
     stall_timeout_ms: int = Field(
@@ -413,6 +418,11 @@ class JobSettings(BaseModel):
     def commits_topic(self) -> str:
         """Internal: what recovery needs (batch boundaries, watermarks, ring releases), never on the results topic."""
         return f"{self.job}.commits"
+
+    @property
+    def changelog_topic(self) -> str:
+        """Internal (hash mode): partition g holds group g's state writes (services/worker/changelog)."""
+        return f"{self.job}.changelog"
 
     def by_key_topic(self, stream: StreamSpec) -> str:
         """Internal (hash mode): `stream`'s records re-routed to the partition of their join key."""

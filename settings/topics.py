@@ -1,7 +1,7 @@
 """The job file's `topics:` section: how the job's topics are created.
 
 Cluster-wide `replication_factor` and `min_insync_replicas` (unset = the
-cluster's own defaults), and per role (`input`, `results`, `commits`,
+cluster's own defaults), and per role (`input`, `results`, `commits`, `changelog`,
 `dead_letter`, `control`, `placement`, `by_key`, `ring_hop`) overrides of
 those two plus `retention_ms`, `cleanup_policy` and free-form `extra` topic
 configs. A field left unset takes the role's default (ROLE_DEFAULTS, reasons
@@ -16,7 +16,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-TopicRole = Literal["input", "results", "commits", "dead_letter", "control", "placement", "by_key", "ring_hop"]
+TopicRole = Literal["input", "results", "commits", "changelog", "dead_letter", "control", "placement", "by_key",
+                    "ring_hop"]
 ROLES: tuple[TopicRole, ...] = get_args(TopicRole)
 CleanupPolicy = Literal["delete", "compact", "compact,delete"]
 TopicConfigValue = str | int | float | bool
@@ -33,7 +34,7 @@ DAY_MS = 24 * HOUR_MS
 NEVER_COMPACTED: frozenset[TopicRole] = frozenset({"input", "results", "dead_letter", "by_key", "ring_hop"})
 # Roles recovery reads for the latest record per key (group, node, partition group): only
 # compaction keeps that record however old it is.
-ALWAYS_COMPACTED: frozenset[TopicRole] = frozenset({"commits", "placement"})
+ALWAYS_COMPACTED: frozenset[TopicRole] = frozenset({"commits", "changelog", "placement"})
 # Topic configs with a typed field of their own: `extra` may not set them behind the validation's back.
 TYPED_CONFIGS = {"cleanup.policy": "cleanup_policy", "retention.ms": "retention_ms",
                  "min.insync.replicas": "min_insync_replicas", "replication.factor": "replication_factor"}
@@ -82,6 +83,8 @@ class RoleTopics(_Strict):
 #   results     delete, cluster retention: what consumers read; never compacted (results share keys).
 #   commits     compact: recovery needs the latest batch commit per group (key = group) and the latest
 #               round release per node however old; compaction keeps exactly those, time retention would not.
+#   changelog   compact: a group's state writes, key = the state key; a dropped block is a tombstone, so
+#               compaction keeps the live window and the latest checkpoint per group, however old.
 #   placement   compact: the coordinator restarts from the latest owner per partition group (key = group).
 #   control     delete, 1 h, 10-min segments: heartbeats and assignments are level-triggered (the
 #               coordinator resends what a heartbeat shows is stale); readers start at the end, ring
@@ -98,6 +101,7 @@ ROLE_DEFAULTS: dict[TopicRole, RoleTopics] = {
     "input": RoleTopics(cleanup_policy="delete"),
     "results": RoleTopics(cleanup_policy="delete"),
     "commits": RoleTopics(cleanup_policy="compact"),
+    "changelog": RoleTopics(cleanup_policy="compact"),
     "placement": RoleTopics(cleanup_policy="compact"),
     "control": RoleTopics(cleanup_policy="delete", retention_ms=HOUR_MS, extra={"segment.ms": 10 * 60_000}),
     "dead_letter": RoleTopics(cleanup_policy="delete", retention_ms=30 * DAY_MS),
@@ -130,6 +134,7 @@ class TopicsSpec(_Strict):
     input: RoleTopics = RoleTopics()
     results: RoleTopics = RoleTopics()
     commits: RoleTopics = RoleTopics()
+    changelog: RoleTopics = RoleTopics()
     dead_letter: RoleTopics = RoleTopics()
     control: RoleTopics = RoleTopics()
     placement: RoleTopics = RoleTopics()

@@ -1,7 +1,8 @@
 """What a partition group's stored state reflects: the last batch applied,
 its input boundary, the watermark, the repartitioning marks, and where in the
 results, commits and dead-letter partitions the next batch's records begin
-(recovery reads from there)."""
+(recovery reads from there), and where in the changelog the records this
+state is built from begin."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class GroupCheckpoint(BaseModel):
     results_next: int = 0
     commits_next: int = 0
     dead_letter_next: int = 0
+    changelog_low: int = 0  # the group's changelog offset from which this state can be rebuilt
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

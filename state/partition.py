@@ -24,3 +24,16 @@ def window_block_key(group: int, stream: int, seq: int) -> bytes:
 
 def seq_of(key: bytes) -> int:
     return int(key.rsplit(b"/", 1)[1])
+
+
+def window_block_of(key: bytes) -> tuple[int, int] | None:
+    """(stream, seq) of a window block key; None for any other key (the checkpoint)."""
+    parts = key.split(b"/")
+    if len(parts) != 5 or parts[2] != b"w":
+        return None
+    return int(parts[3]), int(parts[4])
+
+
+def group_of(key: bytes) -> int:
+    """The partition group a state key belongs to."""
+    return int(key.split(b"/", 2)[1])

@@ -20,7 +20,8 @@ from streamjoin.engine.block import TS, Block
 from streamjoin.engine.window_join import GroupWindow, JoinPlan, empty_window, expire
 from streamjoin.schemas.codecs import decode_block, encode_block
 from streamjoin.state.checkpoint import GroupCheckpoint
-from streamjoin.state.partition import checkpoint_key, seq_of, window_block_key, window_prefix
+from streamjoin.state.partition import (checkpoint_key, group_prefix, seq_of, window_block_key, window_block_of,
+                                        window_prefix)
 from streamjoin.state.store import Store
 from streamjoin.state.transaction import StateTransaction
 
@@ -29,9 +30,34 @@ BLOCK_SEQ = "_blk"  # column: the batch that appended the tuple, i.e. its stored
 
 @dataclass
 class GroupState:
+    """A group's window and checkpoint, and what is known of its stored blocks: per stream,
+    block seq -> its newest ts (`stored`), -> its encoded bytes (`stored_bytes`), and -> the
+    changelog offset of its first record (`logged`; a block restored from the local disk has
+    none: `changelog_floor`, the checkpoint's low mark, stands in for it). `changelog_next`:
+    where the group's next changelog records will be, at least."""
+
     window: GroupWindow
     checkpoint: GroupCheckpoint
-    stored: list[dict[int, int]] = field(default_factory=list)  # per stream: block seq on disk -> its newest ts
+    stored: list[dict[int, int]] = field(default_factory=list)
+    stored_bytes: list[dict[int, int]] = field(default_factory=list)
+    logged: list[dict[int, int]] = field(default_factory=list)
+    changelog_floor: int = 0
+    changelog_next: int = 0
+
+    def changelog_low(self, seq: int) -> int:
+        """The first changelog offset the state after batch `seq` needs: that of its oldest
+        live block written before `seq`, or where batch `seq`'s own records begin."""
+        older = [logged.get(s, self.changelog_floor) for stream, logged in zip(self.stored, self.logged)
+                 for s in stream if s != seq]
+        return min(older + [self.changelog_next])
+
+    def logged_at(self, offsets: dict[bytes, int], next_offset: int) -> None:
+        """A cycle's changelog records were committed: `offsets` where each key's first record is."""
+        for key, offset in offsets.items():
+            block = window_block_of(key)
+            if block is not None and block[1] in self.stored[block[0]]:
+                self.logged[block[0]][block[1]] = offset
+        self.changelog_next = max(self.changelog_next, next_offset)
 
 
 class WindowedStore:
@@ -54,31 +80,56 @@ class WindowedStore:
         self._hot[group] = state  # most recently used last
         return state
 
+    def stored_checkpoint(self, group: int) -> GroupCheckpoint:
+        """`group`'s checkpoint as RocksDB holds it (its window is not read)."""
+        return GroupCheckpoint.decode(self.store.get(checkpoint_key(group))) or GroupCheckpoint()
+
     def _restore(self, group: int) -> GroupState:
-        ckpt = GroupCheckpoint.decode(self.store.get(checkpoint_key(group))) or GroupCheckpoint()
+        ckpt = self.stored_checkpoint(group)
         window = empty_window(self.plan, self.templates)
-        stored: list[dict[int, int]] = []
+        state = GroupState(window, ckpt, changelog_floor=ckpt.changelog_low, changelog_next=ckpt.changelog_low)
         for i in range(len(self.plan.streams)):
-            blocks = {seq_of(k): decode_block(v) for k, v in self.store.scan(window_prefix(group, i))}
-            stored.append({seq: int(b[TS].max()) for seq, b in blocks.items()})
+            raw = {seq_of(k): v for k, v in self.store.scan(window_prefix(group, i))}
+            blocks = {seq: decode_block(v) for seq, v in raw.items()}
+            state.stored.append({seq: int(b[TS].max()) for seq, b in blocks.items()})
+            state.stored_bytes.append({seq: len(v) for seq, v in raw.items()})
+            state.logged.append({})
             for seq in sorted(blocks):  # batch order, so runs merge in tiers as they did live
                 window.runs[i].add(blocks[seq])
         if ckpt.max_ts:
             window.max_ts, window.watermark = list(ckpt.max_ts), ckpt.watermark
         expire(self.plan, window)
-        return GroupState(window, ckpt, stored)
+        return state
+
+    def install(self, group: int, values: dict[bytes, bytes], offsets: dict[bytes, int], next_offset: int) -> GroupState:
+        """Replace `group`'s stored state with `values` (key -> value, as its changelog rebuilt
+        them; `offsets`: where each one's first record is) and read it back."""
+        tx = self.store.transaction()
+        for key, _ in self.store.scan(group_prefix(group)):
+            tx.delete(key)
+        for key, value in values.items():
+            tx.put(key, value)
+        tx.commit()
+        self.forget(group)
+        state = self.get(group)
+        state.logged_at(offsets, next_offset)
+        return state
 
     # ----------------------------------------------------------------- writes
     def stage(self, tx: StateTransaction, group: int, state: GroupState, appended: list[Block]) -> None:
-        """Write a batch's new blocks, drop blocks with no live tuple, and the checkpoint."""
+        """Write a batch's new blocks, drop blocks with no live tuple, and the checkpoint (last,
+        so that in the changelog a checkpoint follows every write it stands for)."""
         seq = state.checkpoint.seq
         for i, block in enumerate(appended):
             if len(block):
-                tx.put(window_block_key(group, i, seq), encode_block(block))
-                state.stored[i][seq] = int(block[TS].max())
+                raw = encode_block(block)
+                tx.put(window_block_key(group, i, seq), raw)
+                state.stored[i][seq], state.stored_bytes[i][seq] = int(block[TS].max()), len(raw)
             for dead in self._dead_blocks(state, i):
-                tx.delete(window_block_key(group, i, dead))
+                tx.delete(window_block_key(group, i, dead), state.stored_bytes[i].pop(dead, 0))
                 del state.stored[i][dead]
+                state.logged[i].pop(dead, None)
+        state.checkpoint = state.checkpoint.model_copy(update={"changelog_low": state.changelog_low(seq)})
         tx.put(checkpoint_key(group), state.checkpoint.encode())
         self._sizes[group] = state.window.nbytes
 

@@ -24,7 +24,7 @@ from streamjoin.settings.topics import ALWAYS_COMPACTED, KEEP_FOREVER, NEVER_COM
 
 Severity = Literal["danger", "warning"]
 # Losing these loses exactness (results, recovery's commits, re-routed input): one copy is a danger.
-RECOVERY_CRITICAL: frozenset[TopicRole] = frozenset({"results", "commits", "by_key"})
+RECOVERY_CRITICAL: frozenset[TopicRole] = frozenset({"results", "commits", "changelog", "by_key"})
 # Transient roles: a lost replica costs a resend, not data; replication is not checked for them.
 TRANSIENT: frozenset[TopicRole] = frozenset({"control", "ring_hop"})
 
@@ -64,6 +64,8 @@ def plan(job: JobSettings) -> list[TopicPlan]:
     ]
     if job.join.mode == "hash":  # partition g: records re-routed to group g by their join key
         topics += [_planned(job, job.by_key_topic(s), "by_key", p, stream=s.name) for s in job.streams]
+        if job.worker.changelog:  # partition g: group g's state writes
+            topics.append(_planned(job, job.changelog_topic, "changelog", p))
     return topics
 
 

@@ -27,6 +27,7 @@ from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import GroupBatch, join_plan, run_cycle
 from streamjoin.services.worker.recovery import recover_groups
 from streamjoin.state.store import Store
+from streamjoin.state.transaction import StateTransaction
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
@@ -218,19 +219,24 @@ class Worker:
         self.idle_seen.update({b.group: idle.get(b.group, frozenset()) for b in batches})
         self.pending = {}
         offsets = self._next_offsets(batches)
+        tx = self.store.store.transaction()
+
+        def stage() -> StateTransaction:
+            for b in batches:
+                self.store.stage(tx, b.group, b.state, b.appended)
+            return tx
+
         try:
-            self.emitter.emit(batches, self.consumer, offsets, self.skip_dead)
+            self.emitter.emit(batches, self.consumer, offsets, self.skip_dead, stage)
         except KafkaException as e:
             log.warning("cycle failed; recovering its groups", error=str(e), groups=len(batches))
             metrics.BROKER_ERRORS.labels("cycle").inc()
+            tx.fail()
             self.emitter.abort()
             self._reset({b.group for b in batches})
             return
+        tx.commit()  # the Kafka transaction (results, changelog, offsets) committed: now the local copy
         self.committed.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
-        tx = self.store.store.transaction()
-        for b in batches:
-            self.store.stage(tx, b.group, b.state, b.appended)
-        tx.commit()
         self._observe(batches, time.perf_counter() - started)
         self.store.evict_cold(keep=set())
 

@@ -5,13 +5,17 @@ A cycle writes, in this order:
   1. dead letters and forwards (misrouted records on their way to their
      group's by-key partition), then flushes;
   2. one commit record per (group, batch) on `<job>.commits`, then flushes;
-  3. the batches' results, one record per result (or Arrow blocks);
-  4. the input offsets, and commits the transaction (with `exactly_once:
+  3. the batches' results, one record per result (or Arrow blocks), then
+     flushes (the checkpoint records where they end);
+  4. the groups' state writes on `<job>.changelog` (`worker.changelog`), each
+     group's checkpoint last;
+  5. the input offsets, and commits the transaction (with `exactly_once:
      false`: flushes, then commits the offsets).
 The flushes make "visible" imply "durable before" even on a broker that
 shows aborted transactions to read_committed readers (Tansu does): a visible
-result implies its batch's commit record, which implies the batch's dead
-letters and forwards. Recovery (recovery.py) relies on exactly that.
+checkpoint in the changelog implies its batch's results, a visible result its
+batch's commit record, which implies the batch's dead letters and forwards.
+Recovery (recovery.py) relies on exactly that.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +38,9 @@ from streamjoin.schemas.results import BatchCommit, dead_letter_headers
 from streamjoin.services import metrics
 from streamjoin.services.worker.processor import GroupBatch
 from streamjoin.settings import JobSettings
+from streamjoin.state import changelog
+from streamjoin.state.partition import group_of
+from streamjoin.state.transaction import StateTransaction, Write
 from streamjoin.topology.partitioner import partitions_for_keys
 
 log = structlog.get_logger("streamjoin.worker.output")
@@ -141,6 +148,35 @@ class ResultWriter:
                 self.producer.poll(0.05)
 
 
+class ChangelogWriter:
+    """Groups' state writes to partition g of the changelog (state/changelog.py): after a
+    write, `offsets[g]` says where each state key's first record landed and `newest[g]` the
+    last offset written, once the records are delivered."""
+
+    def __init__(self, job: JobSettings, producer: Producer, deliveries: Deliveries) -> None:
+        self.topic, self.producer, self.deliveries = job.changelog_topic, producer, deliveries
+        self.offsets: dict[int, dict[bytes, int]] = {}
+        self.newest: dict[int, int] = {}
+
+    def write(self, writes: list[Write]) -> None:
+        self.offsets, self.newest = {}, {}
+        records = changelog.records(writes)
+        for key, value in records:
+            self.producer.produce(self.topic, key=key, value=value, partition=group_of(key), on_delivery=self._delivered)
+        if records:
+            metrics.CHANGELOG_RECORDS.labels("written").inc(len(records))
+            metrics.CHANGELOG_BYTES.inc(sum(len(v) for _, v in records if v is not None))
+
+    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.deliveries.report(err, msg)
+            return
+        group, offset, key = msg.partition(), msg.offset(), changelog.base_key(msg.key())
+        mine = self.offsets.setdefault(group, {})
+        mine[key] = min(mine.get(key, offset), offset)
+        self.newest[group] = max(self.newest.get(group, -1), offset)
+
+
 class Emitter:
     """A hash-mode cycle's output, as the module docstring says."""
 
@@ -151,6 +187,7 @@ class Emitter:
         self.transactional = job.worker.exactly_once
         self.deliveries = Deliveries()
         self.results = ResultWriter(job, producer, self.deliveries, every_report=not self.transactional)
+        self.changelog = ChangelogWriter(job, producer, self.deliveries) if job.worker.changelog else None
 
     def start(self) -> None:
         if self.transactional:
@@ -158,9 +195,13 @@ class Emitter:
             _retry(lambda: self.producer.init_transactions(30))
 
     def emit(self, batches: list[GroupBatch], consumer: Consumer, offsets: list[TopicPartition],
-             skip_dead: dict[int, set[tuple[str, int, int]]]) -> None:
+             skip_dead: dict[int, set[tuple[str, int, int]]], stage: Callable[[], StateTransaction]) -> None:
         """Write a cycle's batches and commit its input `offsets` (see the module docstring);
-        dead letters named in `skip_dead[group]` were written by an attempt that died."""
+        dead letters named in `skip_dead[group]` were written by an attempt that died.
+
+        `stage()` stages the batches' state (their checkpoints now record where their records
+        ended) and returns the cycle's state transaction: its writes go to the changelog in
+        this Kafka transaction, and the caller commits it to RocksDB once this returns."""
         self.deliveries.clear()
         with _stall_watchdog(self.job.worker.stall_timeout_ms / 1000):
             if self.transactional:
@@ -172,8 +213,24 @@ class Emitter:
             flush(self.producer, self.deliveries)
             for b in batches:
                 self.results.write(b.results, group=b.group)
+            flush(self.producer, self.deliveries)
+            self._record_positions(batches)
+            self.log_state(stage())
             self.commit(consumer, offsets)
-        self._record_positions(batches)
+        self._logged(batches)
+
+    def log_state(self, tx: StateTransaction) -> None:
+        """Hand `tx`'s writes to the changelog (when the job keeps one) in the open transaction."""
+        writes = tx.prepare()
+        if self.changelog is not None:
+            self.changelog.write(writes)
+
+    def _logged(self, batches: list[GroupBatch]) -> None:
+        """Tell each batch's state where its changelog records landed (their transaction committed)."""
+        if self.changelog is None:
+            return
+        for b in batches:
+            b.state.logged_at(self.changelog.offsets.get(b.group, {}), self.changelog.newest.get(b.group, -1) + 1)
 
     def commit(self, consumer: Consumer, offsets: list[TopicPartition]) -> None:
         """End what was produced: with the input `offsets`, in the transaction or after it."""
@@ -186,24 +243,31 @@ class Emitter:
                 consumer.commit(offsets=offsets, asynchronous=False)
         self.deliveries.check()
 
-    def rewrite(self, results: Block, group: int, consumer: Consumer, offsets: list[TopicPartition]) -> None:
-        """Write a replayed batch's missing `results` for `group`, then commit its input `offsets`.
+    def rewrite(self, results: Block, batch: GroupBatch, consumer: Consumer, offsets: list[TopicPartition],
+                tx: StateTransaction) -> None:
+        """Write a replayed `batch`'s missing `results`, and its staged state `tx` to the
+        changelog, then commit its input `offsets`.
 
         The batch is decided already (its commit record is in the commits topic), so its
-        offsets need no transaction: they are committed directly once the results are in,
-        and a batch with nothing missing opens no transaction at all. Offsets sent in a
+        offsets need no transaction: they are committed directly once the rest is in,
+        and a batch with nothing to write opens no transaction at all. Offsets sent in a
         transaction without records are what Tansu 0.6 drops (measured: the group's offset
         stayed behind, and a drained partition showed lag for good)."""
         self.deliveries.clear()
-        if len(results):
+        writes = tx.prepare()
+        if len(results) or (self.changelog is not None and writes):
             if self.transactional:
                 self.producer.begin_transaction()
-            self.results.write(results, group=group)
+            self.results.write(results, group=batch.group)
+            flush(self.producer, self.deliveries)
+            if self.changelog is not None:
+                self.changelog.write(writes)
             if self.transactional:
                 _retry(lambda: self.producer.commit_transaction(60))
             else:
                 flush(self.producer, self.deliveries)
             self.deliveries.check()
+            self._logged([batch])
         if offsets:
             consumer.commit(offsets=offsets, asynchronous=False)
 

@@ -1,8 +1,10 @@
 """Bringing a partition group's state up to what Kafka says was decided.
 
-RocksDB is written after a cycle's Kafka commit, so at start it can lag the
-commits topic by the batch(es) in flight when the worker died. The group's
-commits partition is the source of truth: every batch writes a commit record
+First, a group whose changelog is ahead of the local copy (or which has no
+local copy: it moved here, or the disk is gone) is rebuilt from the changelog
+(restore.py). RocksDB is written after a cycle's Kafka commit, so it can still
+lag the commits topic by the batch(es) in flight when the worker died. The
+group's commits partition is the source of truth: every batch writes a commit record
 (its input boundary) before its results (output.py). Recovery reads the
 group's commit records past the checkpoint and replays exactly those batches
 from the input topics through the same code path; of each replayed batch it
@@ -30,6 +32,7 @@ from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of
 from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import run_cycle
+from streamjoin.services.worker.restore import restore_groups
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import JobSettings
 
@@ -45,7 +48,11 @@ def recover_groups(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, sto
     `consumer` is the worker's input consumer (its group metadata goes into the transaction
     that commits a replayed batch's offsets); `routings[i]` as for run_cycle. The commits,
     results and dead-letter partitions of all `groups` are each read in one pass."""
+    restored = restore_groups(job, cluster, store, groups)
     checkpoints = {g: store.get(g).checkpoint for g in groups}
+    boundary = [tp for g in restored for tp in _offsets(checkpoints[g].end)]
+    if boundary:  # the group's offsets say where its state is; batches replayed below move them on
+        consumer.commit(offsets=boundary, asynchronous=False)
     commits = _commits_after(job, cluster, {g: (ck.commits_next, ck.seq) for g, ck in checkpoints.items()})
     behind = [g for g in groups if commits[g]]
     present = _results_present(job, cluster, {g: checkpoints[g].results_next for g in behind})
@@ -77,15 +84,17 @@ def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: Win
             raise RuntimeError(f"group {group}: replay of batch {commit.seq} did not reach its recorded boundary")
         batch = replayed[0]
         missing = _not_in(batch.results, present)
-        emitter.rewrite(missing, group, consumer, _offsets(commit.end))
-        written = emitter.deliveries.newest.get((job.results_topic, group))
-        results_end = max(results_end, written + 1 if written is not None else 0)
+        # Staged before the missing results are written, so results_next is where this batch's
+        # results may begin: a later recovery reads them again rather than miss any.
         batch.state.checkpoint = batch.state.checkpoint.model_copy(update={
             "results_next": max(results_end, batch.state.checkpoint.results_next),
             "commits_next": commit_offset + 1})
         tx = store.store.transaction()
         store.stage(tx, group, batch.state, batch.appended)
+        emitter.rewrite(missing, batch, consumer, _offsets(commit.end), tx)
         tx.commit()
+        written = emitter.deliveries.newest.get((job.results_topic, group))
+        results_end = max(results_end, written + 1 if written is not None else 0)
         metrics.RECOVERED_BATCHES.inc()
         log.info("group %d: replayed batch %d (%d of its %d results were missing)", group, batch.seq, len(missing),
                  len(batch.results))

@@ -106,11 +106,15 @@ def test_worker_killed_and_restarted_stays_exact(broker, fleet_for, tmp_path) ->
     assert result.expected > 5000
 
 
-def test_worker_with_its_disk_gone_rebuilds_from_kafka(broker, fleet_for, tmp_path) -> None:
-    """A worker whose RocksDB is gone replays every batch the commits topic holds, each with
-    nothing missing, and must commit each one's input offsets again: the group's offsets are
-    rewound first, so a replay whose offsets do not land leaves the input undrained."""
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4)
+@pytest.mark.parametrize("changelog", [True, False], ids=["from-changelog", "replaying-history"])
+def test_worker_with_its_disk_gone_rebuilds_from_kafka(broker, fleet_for, tmp_path, changelog: bool) -> None:
+    """A worker whose RocksDB is gone rebuilds every group from its changelog and replays no
+    batch (worker.changelog, the default), or without a changelog replays every batch the
+    commits topic holds, each with nothing missing. Either way it must commit the input
+    offsets again: the group's offsets are rewound first, so offsets that do not land leave
+    the input undrained."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=4,
+                   worker={"changelog": changelog})
     fleet = fleet_for(job, 1)
     rows = rows_out_of_order("rs", 3000, 50, seed=8)
     batches = feed_in_two_batches(job, broker.bootstrap, fleet, rows)
@@ -118,7 +122,10 @@ def test_worker_with_its_disk_gone_rebuilds_from_kafka(broker, fleet_for, tmp_pa
     lose_disk_and_rewind(job, broker.bootstrap, fleet, "w0")
     fleet.start_worker("w0")
     wait_drained(job, broker.bootstrap, fleet, timeout=120)
-    assert metric(fleet.metrics_ports["w0"], "streamjoin_recovered_batches_total") == len(batches)
+    port = fleet.metrics_ports["w0"]
+    replayed, restored = (metric(port, "streamjoin_recovered_batches_total"),
+                          metric(port, "streamjoin_changelog_restores_total"))
+    assert (replayed, restored) == ((0, job.partitions) if changelog else (len(batches), 0))
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 1000

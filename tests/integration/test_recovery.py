@@ -148,7 +148,8 @@ def test_recovery_through_slow_fetch_responses_stays_exact(tmp_path: Path) -> No
     while a worker whose disk is gone replays every batch: each read must reach its true
     end (a partial read of the results would rewrite results, one of the commits would
     skip batches), so the output stays exact and every batch is counted as replayed."""
-    with proxied_fleet(tmp_path, DelayingProxy, partitions=2) as (b, proxy, job, fleet):
+    with proxied_fleet(tmp_path, DelayingProxy, partitions=2,
+                       worker={"changelog": False}) as (b, proxy, job, fleet):  # replays every batch
         rows = rows_out_of_order("rs", 2000, 40, seed=12)
         batches = feed_in_two_batches(job, b.bootstrap, fleet, rows)
         assert len(batches) >= 2 * job.partitions

@@ -15,6 +15,7 @@ from streamjoin.services.worker.main import stream_templates
 from streamjoin.services.worker.processor import join_plan, run_cycle
 from streamjoin.state.partition import seq_of, window_prefix
 from streamjoin.state.store import Store
+from streamjoin.state.transaction import StateTransaction
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import load
 from streamjoin.topology.partitioner import key_bytes, partition_for
@@ -62,9 +63,9 @@ def _job(tmp_path: Path, rows: bool = False):
 
 
 def _feed(job, store: WindowedStore, group: int, batches: int,
-          after_each: Callable[[WindowedStore], None] = lambda store: None) -> None:
-    """Run `batches` batches of 20 tuples through `group` and stage each; `after_each(store)`
-    is called once a batch is committed."""
+          after_each: Callable[[WindowedStore, StateTransaction], None] = lambda store, tx: None) -> None:
+    """Run `batches` batches of 20 tuples through `group` and stage each; `after_each(store, tx)`
+    is called once a batch's state transaction is committed."""
     plan = join_plan(job)
     offset = {0: 0, 1: 0}
     for n in range(batches):
@@ -78,7 +79,7 @@ def _feed(job, store: WindowedStore, group: int, batches: int,
         tx = store.store.transaction()
         store.stage(tx, group, gb.state, gb.appended)
         tx.commit()
-        after_each(store)
+        after_each(store, tx)
 
 
 def _snapshot(window) -> list[list[tuple]]:
@@ -137,7 +138,7 @@ def test_group_bytes_are_each_groups_window_hot_or_cold(tmp_path: Path) -> None:
 def test_a_stored_block_lives_exactly_while_one_of_its_tuples_does(tmp_path: Path) -> None:
     """Time windows find dead blocks by their newest time, count windows by their live tuples:
     either way the blocks on disk are those some live tuple came from, after every batch."""
-    def blocks_match_live_tuples(store: WindowedStore) -> None:
+    def blocks_match_live_tuples(store: WindowedStore, _: StateTransaction) -> None:
         state = store.get(GROUP)
         for i in (0, 1):
             on_disk = {seq_of(k) for k, _ in store.store.scan(window_prefix(GROUP, i))}

@@ -113,11 +113,14 @@ def test_plan_gives_every_role_its_settings() -> None:
     by_name = {t.name: t for t in topics.plan(job)}
     assert {n: t.role for n, t in by_name.items()} == {
         "t.r": "input", "t.s": "input", "t.results": "results", "t.commits": "commits", "t.dead-letter": "dead_letter",
-        "t.control": "control", "t.placement": "placement", "t.r.by-key": "by_key", "t.s.by-key": "by_key"}
+        "t.control": "control", "t.placement": "placement", "t.r.by-key": "by_key", "t.s.by-key": "by_key",
+        "t.changelog": "changelog"}
     assert {t.replication_factor for t in by_name.values()} == {3}
     assert by_name["t.results"].config == {"cleanup.policy": "delete", "retention.ms": str(DAY),
                                            "min.insync.replicas": "2"}
-    assert by_name["t.commits"].config == {"cleanup.policy": "compact", "min.insync.replicas": "2"}
+    assert by_name["t.commits"].config == by_name["t.changelog"].config == {"cleanup.policy": "compact",
+                                                                            "min.insync.replicas": "2"}
+    assert by_name["t.changelog"].partitions == 4
     assert by_name["t.control"].partitions == by_name["t.placement"].partitions == 1
     assert by_name["t.r.by-key"].stream == "r" and by_name["t.r.by-key"].partitions == 4
 
@@ -139,7 +142,7 @@ def test_input_partitions_are_fixed_only_without_repartitioning(repartition: str
 
 def test_ring_plan_has_no_by_key_topics_and_hop_topics_follow_ring_hop_settings() -> None:
     job = ring_job()
-    assert "by_key" not in {t.role for t in topics.plan(job)}
+    assert not {"by_key", "changelog"} & {t.role for t in topics.plan(job)}
     assert not any(t.exact_partitions for t in topics.plan(job) if t.role == "input")
     hop = topics.hop_plan(job, "w1")
     assert (hop.name, hop.role, hop.partitions, hop.config["retention.ms"]) == ("t.ring.w1", "ring_hop", 1, "3600000")

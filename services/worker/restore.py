@@ -1,0 +1,79 @@
+"""Rebuilding partition groups' state from the changelog (state/changelog.py) on a
+worker that lacks it or holds an older copy: the group moved here, or the disk
+that held it is gone.
+
+Per group: find the newest checkpoint in its changelog partition (a batch's
+checkpoint is its last record, so it is in the partition's tail), and when it is
+ahead of the local one, read from its `changelog_low` up to it and install what
+that rebuilds. Reading stops at the checkpoint: records after it belong to a batch
+whose transaction did not complete (a broker that shows aborted transactions,
+as Tansu does, lets them be seen); if that batch was decided, the commits topic
+has it and recovery replays it. The work grows with the window (from
+`changelog_low` on), never with the job's age.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import structlog
+
+from streamjoin.services import kafka, metrics
+from streamjoin.settings import JobSettings
+from streamjoin.state.changelog import Image
+from streamjoin.state.checkpoint import GroupCheckpoint
+from streamjoin.state.partition import checkpoint_key
+from streamjoin.state.windowed import WindowedStore
+
+log = structlog.get_logger("streamjoin.worker.restore")
+TAIL_RECORDS = 64  # first look-back for a partition's newest checkpoint; widened 8x while none is found
+
+
+def restore_groups(job: JobSettings, cluster: kafka.Cluster, store: WindowedStore, groups: Sequence[int]) -> list[int]:
+    """Install the changelog's state of every group in `groups` whose changelog is ahead of
+    `store`'s copy; returns those groups. Nothing to do for a job without a changelog."""
+    if not job.worker.changelog or not groups:
+        return []
+    started = time.perf_counter()
+    topic = job.changelog_topic
+    probe = f"{job.consumer_group}-recovery"
+    ends = {p: end for (_, p), end in kafka.end_offsets(cluster, [(topic, g) for g in groups], probe).items()}
+    newest = _newest_checkpoints(cluster, topic, probe, ends)
+    behind = {g: at for g, at in newest.items() if at[0].seq > store.stored_checkpoint(g).seq}
+    if not behind:
+        return []
+    images = {g: Image() for g in behind}
+    read = 0
+    for m in kafka.read_partitions(cluster, topic, {g: ck.changelog_low for g, (ck, _) in behind.items()}, probe):
+        g = m.partition()
+        if g in behind and m.offset() <= behind[g][1]:
+            images[g].apply(m.key(), m.value(), m.offset())
+            read += 1
+    for g, image in images.items():
+        store.install(g, image.values(), image.offsets, ends[g])
+    seconds = time.perf_counter() - started
+    metrics.CHANGELOG_RESTORES.inc(len(behind))
+    metrics.CHANGELOG_RECORDS.labels("read").inc(read)
+    metrics.RESTORE_SECONDS.observe(seconds)
+    log.info("groups restored from the changelog", groups=len(behind), records=read, seconds=round(seconds, 3))
+    return sorted(behind)
+
+
+def _newest_checkpoints(cluster: kafka.Cluster, topic: str, probe: str,
+                        ends: dict[int, int]) -> dict[int, tuple[GroupCheckpoint, int]]:
+    """Per group with a checkpoint in its changelog partition before `ends[g]`: the newest one and its offset."""
+    found: dict[int, tuple[GroupCheckpoint, int]] = {}
+    todo = {g: end for g, end in ends.items() if end > 0}
+    span = TAIL_RECORDS
+    while todo:
+        starts = {g: max(0, end - span) for g, end in todo.items()}
+        for m in kafka.read_partitions(cluster, topic, starts, probe):
+            g = m.partition()
+            if g in todo and m.offset() < todo[g] and m.key() == checkpoint_key(g) and m.value() is not None:
+                checkpoint = GroupCheckpoint.decode(m.value())
+                if checkpoint is not None:
+                    found[g] = (checkpoint, m.offset())  # in offset order: the newest is the last one kept
+        todo = {g: end for g, end in todo.items() if g not in found and starts[g] > 0}
+        span *= 8
+    return found

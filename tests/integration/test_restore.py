@@ -1,0 +1,103 @@
+"""State any worker can load (services/worker/restore.py) on the embedded broker: a
+worker with an empty disk rebuilds groups another worker wrote from the changelog, equal
+to the writer's windows, reading records in proportion to the window and not to the
+job's age. Restore times are printed for the log; the assertions are on records read."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+from confluent_kafka import TopicPartition
+
+from streamjoin.launcher import input_end_offsets
+from streamjoin.services import kafka, metrics
+from streamjoin.services.worker.main import Worker, stream_templates
+from streamjoin.services.worker.restore import restore_groups
+from streamjoin.settings import JobSettings, load
+from streamjoin.state.store import Store
+from streamjoin.state.windowed import WindowedStore
+from streamjoin.topology import topics
+from tests.integration.conftest import stream
+from tests.integration.kafka_harness import Row, produce
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+GROUPS = 2
+CHUNK_MS = 500  # event time per produced chunk; one worker cycle per chunk
+AGES = (3, 9)  # chunks produced when the state is restored elsewhere
+WINDOWS_MS = (500, 2000)  # one chunk of event time, four
+
+
+def _job(bootstrap: str, tmp_path: Path, window_ms: int) -> JobSettings:
+    return load(None, job=f"restore{window_ms}", bootstrap=bootstrap, partitions=GROUPS,
+                streams=[stream(n, {"range_ms": window_ms}) for n in "rs"], join={"allowed_lateness_ms": 0},
+                worker={"state_dir": str(tmp_path / f"state{window_ms}")})
+
+
+def _chunk(n: int, rnd: random.Random) -> list[Row]:
+    return [Row("rs"[i % 2], rnd.randrange(10), 10_000 + n * CHUNK_MS + i * CHUNK_MS // 100) for i in range(100)]
+
+
+def _take_through(worker: Worker, ends: dict[tuple[str, int], int]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        worker._take(worker.consumer.consume(10_000, 0.2))
+        positions = worker.consumer.position([TopicPartition(t, p) for t, p in ends])
+        if all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in positions):
+            return
+        assert time.monotonic() < deadline, "input not read within 60 s"
+
+
+def _windows(store: WindowedStore) -> list[list[list[tuple]]]:
+    return [[sorted(zip(b["_key"].tolist(), b["_ts"].tolist(), b["_off"].tolist()))
+             for b in store.get(g).window.state] for g in range(GROUPS)]
+
+
+def _restore_elsewhere(job: JobSettings, cluster: kafka.Cluster, writer: Worker, path: Path) -> int:
+    """Rebuild every group on an empty store at `path`; check it equals `writer`'s; the records read."""
+    fresh = WindowedStore(Store(path), writer.plan, stream_templates(job), 1 << 30)
+    before = metrics.REGISTRY.get_sample_value("streamjoin_changelog_records_total", {"op": "read"}) or 0.0
+    started = time.perf_counter()
+    try:
+        assert restore_groups(job, cluster, fresh, list(range(GROUPS))) == list(range(GROUPS))
+        seconds = time.perf_counter() - started
+        assert _windows(fresh) == _windows(writer.store)
+        assert [fresh.get(g).checkpoint for g in range(GROUPS)] == [writer.store.get(g).checkpoint
+                                                                     for g in range(GROUPS)]
+    finally:
+        fresh.store.close()
+    read = int(metrics.REGISTRY.get_sample_value("streamjoin_changelog_records_total", {"op": "read"}) - before)
+    print(f"restore: window {job.streams[0].window.range_ms} ms, {writer.store.get(0).checkpoint.seq} batches: "
+          f"{read} changelog records in {seconds * 1000:.0f} ms")
+    return read
+
+
+def test_restore_reads_grow_with_the_window_not_with_the_jobs_age(broker, tmp_path: Path) -> None:
+    reads: dict[tuple[int, int], int] = {}
+    for window_ms in WINDOWS_MS:
+        job = _job(broker.bootstrap, tmp_path, window_ms)
+        cluster = kafka.Cluster.of(job)
+        topics.ensure(cluster.admin(), job)
+        writer = Worker(job, cluster, "writer")
+        writer.routings = writer._routings()
+        writer.emitter.start()
+        writer.groups = set(range(GROUPS))
+        writer.consumer.assign(writer._partitions(writer.groups))
+        rnd = random.Random(window_ms)
+        try:
+            for n in range(1, max(AGES) + 1):
+                produce(job, broker.bootstrap, _chunk(n, rnd))
+                _take_through(writer, input_end_offsets(job, broker.bootstrap))
+                writer._cycle()
+                if n in AGES:
+                    reads[(window_ms, n)] = _restore_elsewhere(job, cluster, writer, tmp_path / f"fresh{window_ms}-{n}")
+        finally:
+            writer.consumer.close()
+            writer.store.store.close()
+    young, old = reads[(WINDOWS_MS[0], AGES[0])], reads[(WINDOWS_MS[0], AGES[1])]
+    assert 0 < old <= 1.5 * young, reads  # three times the age, about the same reading
+    assert reads[(WINDOWS_MS[1], AGES[1])] >= 2 * old, reads  # four times the window, more than twice the reading
