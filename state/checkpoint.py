@@ -22,6 +22,7 @@ class GroupCheckpoint(BaseModel):
     commits_next: int = 0
     dead_letter_next: int = 0
     changelog_low: int = 0  # the group's changelog offset from which this state can be rebuilt
+    in_changelog: bool = False  # every live block is in the changelog (false until a batch with one)
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

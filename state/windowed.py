@@ -61,8 +61,11 @@ class GroupState:
 
 
 class WindowedStore:
-    def __init__(self, store: Store, plan: JoinPlan, templates: list[Block], hot_bytes: int) -> None:
+    def __init__(self, store: Store, plan: JoinPlan, templates: list[Block], hot_bytes: int,
+                 changelog: bool = False) -> None:
+        """`changelog`: the job mirrors state writes to its changelog (see `stage`)."""
         self.store = store
+        self.changelog = changelog
         self.plan = plan
         self.templates = [Block(dict(t.columns) | {BLOCK_SEQ: np.empty(0, np.int64)}) for t in templates]
         self.hot_bytes = hot_bytes
@@ -129,7 +132,17 @@ class WindowedStore:
                 tx.delete(window_block_key(group, i, dead), state.stored_bytes[i].pop(dead, 0))
                 del state.stored[i][dead]
                 state.logged[i].pop(dead, None)
-        state.checkpoint = state.checkpoint.model_copy(update={"changelog_low": state.changelog_low(seq)})
+        if self.changelog and not state.checkpoint.in_changelog:
+            # Blocks stored before the job kept a changelog: written once more, so that from
+            # this batch on the changelog holds every live block.
+            for i, blocks in enumerate(state.stored):
+                for old in sorted(set(blocks) - {seq}):
+                    key = window_block_key(group, i, old)
+                    value = self.store.get(key)
+                    if value is not None:
+                        tx.put(key, value)
+        state.checkpoint = state.checkpoint.model_copy(update={"changelog_low": state.changelog_low(seq),
+                                                               "in_changelog": self.changelog})
         tx.put(checkpoint_key(group), state.checkpoint.encode())
         self._sizes[group] = state.window.nbytes
 

@@ -51,7 +51,8 @@ class Worker:
         self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
         self.plan = join_plan(job)
         self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
-                                   stream_templates(job), job.worker.hot_bytes)
+                                   stream_templates(job), job.worker.hot_bytes,
+                                   changelog=job.worker.changelog)
         self.topic_stream = {job.topic_of(s): i for i, s in enumerate(job.streams)}
         self.forwarded_stream = {job.by_key_topic(s): i for i, s in enumerate(job.streams)}
         self.routings: list[Routing] = []  # per stream; the source topics' partition counts are read at start

@@ -48,27 +48,48 @@ class _Log:
 @pytest.mark.parametrize("rows", [False, True], ids=["time-window", "count-window"])
 def test_a_window_rebuilt_from_its_changelog_low_mark_equals_the_one_in_memory(tmp_path: Path, rows: bool) -> None:
     job = _job(tmp_path, rows)
-    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), 1 << 30)
+    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), 1 << 30, changelog=True)
     log = _Log()
     lows: list[int] = []
 
     def after_each(store: WindowedStore, tx: StateTransaction) -> None:
-        state = store.get(GROUP)
-        first = log.commit(tx.writes)
-        state.logged_at(first, len(log.records))
-        ckpt_offset = first[checkpoint_key(GROUP)]
-        image = log.rebuild(state.checkpoint.changelog_low, ckpt_offset)
-        fresh = WindowedStore(Store(tmp_path / f"fresh{state.checkpoint.seq}"), store.plan, stream_templates(job), 1)
-        rebuilt = fresh.install(GROUP, image.values(), image.offsets, len(log.records))
-        assert _snapshot(rebuilt.window) == _snapshot(state.window)
-        assert rebuilt.checkpoint == state.checkpoint and rebuilt.stored == state.stored
-        assert rebuilt.changelog_low(rebuilt.checkpoint.seq + 1) >= state.checkpoint.changelog_low
-        fresh.store.close()
-        lows.append(state.checkpoint.changelog_low)
+        lows.append(_log_and_rebuild(log, store, tx, tmp_path / "fresh", job).checkpoint.changelog_low)
 
     _feed(job, store, GROUP, batches=14, after_each=after_each)
     assert lows == sorted(lows) and lows[-1] > 0  # old batches' records are no longer read
     store.store.close()
+
+
+def _log_and_rebuild(log: _Log, store: WindowedStore, tx: StateTransaction, path: Path, job) -> WindowedStore:
+    """Commit `tx` to `log`, rebuild the group from the checkpoint's low mark in a fresh store
+    under `path`, and check it equals `store`'s; returns the group's state in `store`."""
+    state = store.get(GROUP)
+    first = log.commit(tx.writes)
+    state.logged_at(first, len(log.records))
+    image = log.rebuild(state.checkpoint.changelog_low, first[checkpoint_key(GROUP)])
+    fresh = WindowedStore(Store(path / str(state.checkpoint.seq)), store.plan, stream_templates(job), 1)
+    rebuilt = fresh.install(GROUP, image.values(), image.offsets, len(log.records))
+    assert _snapshot(rebuilt.window) == _snapshot(state.window)
+    assert rebuilt.checkpoint == state.checkpoint and rebuilt.stored == state.stored
+    assert rebuilt.changelog_low(rebuilt.checkpoint.seq + 1) >= state.checkpoint.changelog_low
+    fresh.store.close()
+    return state
+
+
+def test_a_changelog_turned_on_mid_job_logs_the_blocks_stored_before_it(tmp_path: Path) -> None:
+    """Blocks stored while the job kept no changelog are written to it with the first batch
+    after, so a rebuild from then on misses none."""
+    job = _job(tmp_path, rows=True)  # count windows: the first batches' blocks are still live
+    before = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), 1 << 30)
+    _feed(job, before, GROUP, batches=3)
+    assert not before.get(GROUP).checkpoint.in_changelog
+    before.store.close()
+    after = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), 1 << 30, changelog=True)
+    log = _Log()
+    _feed(job, after, GROUP, batches=2,
+          after_each=lambda store, tx: _log_and_rebuild(log, store, tx, tmp_path / "fresh", job))
+    assert after.get(GROUP).checkpoint.in_changelog
+    after.store.close()
 
 
 def test_a_value_over_the_chunk_size_is_cut_and_joined_and_its_delete_retracts_every_chunk() -> None:
