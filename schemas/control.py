@@ -1,13 +1,14 @@
 """Control-plane messages on `<job>.control` (one partition, JSON values,
 key = message kind/worker) and the durable placement on `<job>.placement`
-(compacted, key = group). JSON Schema: schemas/files/control.schema.json."""
+(compacted, key = group). Pydantic models; a value that is not one of them
+decodes to None and is skipped."""
 
 from __future__ import annotations
 
 import json
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 
 class Heartbeat(BaseModel):
@@ -29,6 +30,7 @@ class Heartbeat(BaseModel):
     ring_busy: bool = False  # ring head: released tuples are still travelling the ring
     ring_round: int = 0
     ring_failed: str = ""  # ring node: why the ring stopped producing results ("" while it runs)
+    epoch: int = 0  # hash worker: the placement epoch of the newest assignment it applied
 
 
 class RingLayout(BaseModel):
@@ -74,6 +76,21 @@ class RingChange(BaseModel):
     worker: str
 
 
+class MoveGroup(BaseModel):
+    """Operator -> coordinator: move partition group `group` to worker `to` (`streamjoin move`)."""
+
+    type: Literal["move-group"] = "move-group"
+    group: int
+    to: str
+
+
+class DrainWorker(BaseModel):
+    """Operator -> coordinator: move every group off `worker` and give it none (`streamjoin drain`)."""
+
+    type: Literal["drain-worker"] = "drain-worker"
+    worker: str
+
+
 class Assignment(BaseModel):
     type: Literal["assignment"] = "assignment"
     worker: str
@@ -87,11 +104,16 @@ class Placement(BaseModel):
     group: int
     worker: str
     epoch: int
+    # While set, the group is on its way from this worker to `worker`: the sender is told to
+    # let go of it and the receiver is not given it until the sender has (a heartbeat at
+    # this epoch or later without it), or the sender is dead.
+    moving_from: str | None = None
 
 
-ControlMessage = Heartbeat | Assignment | RingLayout | RingChange | RingStart | RingFailed
+ControlMessage = Heartbeat | Assignment | RingLayout | RingChange | RingStart | RingFailed | MoveGroup | DrainWorker
 _KINDS: dict[str, type[BaseModel]] = {"heartbeat": Heartbeat, "assignment": Assignment, "ring-layout": RingLayout,
-                                      "ring-change": RingChange, "ring-start": RingStart, "ring-failed": RingFailed}
+                                      "ring-change": RingChange, "ring-start": RingStart, "ring-failed": RingFailed,
+                                      "move-group": MoveGroup, "drain-worker": DrainWorker}
 
 
 def encode(msg: BaseModel) -> bytes:
@@ -105,4 +127,9 @@ def decode_control(value: bytes) -> ControlMessage | None:
         return None
     kind = data.get("type") if isinstance(data, dict) else None
     model = _KINDS.get(kind) if isinstance(kind, str) else None
-    return model.model_validate(data) if model is not None else None  # type: ignore[return-value]
+    if model is None:
+        return None
+    try:
+        return model.model_validate(data)  # type: ignore[return-value]
+    except ValidationError:
+        return None  # a known kind with fields that do not fit: as unreadable as an unknown one

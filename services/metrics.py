@@ -82,6 +82,16 @@ CHANGELOG_RESTORES = Counter("streamjoin_changelog_restores", "Groups whose stat
                              "(no local copy, or an older one)", registry=REGISTRY)
 RESTORE_SECONDS = Histogram("streamjoin_restore_seconds", "Time to rebuild one recovery's groups from the changelog",
                             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=REGISTRY)
+MIGRATIONS = Counter("streamjoin_migrations", "Group moves by outcome: done (the receiver holds the group), "
+                     "refused (a move or drain request that could not start), failover (a dead worker's group "
+                     "given to a live one)", ["outcome"], registry=REGISTRY)
+MIGRATIONS_IN_FLIGHT = Gauge("streamjoin_migrations_in_flight", "Group moves started and not yet held by their "
+                             "receiver", registry=REGISTRY)
+MIGRATION_PAUSE_SECONDS = Histogram("streamjoin_migration_pause_seconds", "From a move's start to its receiver "
+                                    "holding the group (the sender's last cycle, the handover, the restore)",
+                                    buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120), registry=REGISTRY)
+MIGRATED_BYTES = Counter("streamjoin_migrated_bytes", "Window bytes of the groups moved (as their senders last "
+                         "reported them)", registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
 GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
 RING_MESSAGES = Counter("streamjoin_ring_messages", "Ring messages handled by this node", ["kind"],

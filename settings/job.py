@@ -192,14 +192,22 @@ class CoordinatorSpec(_Strict):
     declustering), seed 003 sections 5.1-5.2 (memory balancing)."""
 
     heartbeat_timeout_ms: int = Field(default=10_000, gt=0)
+    worker_timeout_ms: int = Field(
+        default=30_000, gt=0,
+        description="a worker silent this long is dead: with failover: reassign its groups go to live workers "
+                    "(rebuilt from the changelog), and a move it was sending completes without it")
+    failover: Literal["reassign", "wait"] = Field(
+        default="reassign",
+        description="reassign: a dead worker's groups move to live workers; wait: they wait for that worker "
+                    "to come back with its disk (a StatefulSet pod)")
     expected_workers: int = Field(default=1, gt=0)
     metrics_port: int = Field(default=0, ge=0)
     placement: Literal["sticky", "adaptive"] = Field(
         default="sticky",
         description="sticky: a group stays on the worker it was first placed on. adaptive: seed 000's load "
                     "balancing and degree of declustering and seed 003's memory balancing decide moves "
-                    "(services/coordinator/adapt.py); until the migration protocol exists nothing moves and "
-                    "the decisions are only shown by `streamjoin rebalance --dry-run`")
+                    "(services/coordinator/adapt.py); its moves are not applied yet: `streamjoin rebalance "
+                    "--dry-run` shows them and `streamjoin move` carries one out")
     buffer_bytes: int = Field(
         default=1 << 20, gt=0,
         description="a worker's buffer capacity: occupancy = mean backlog bytes over the reorganisation "
@@ -240,6 +248,10 @@ class CoordinatorSpec(_Strict):
             raise ValueError(f"coordinator.consumer_occupancy ({self.consumer_occupancy}) must be below "
                              f"coordinator.supplier_occupancy ({self.supplier_occupancy}): a worker cannot be "
                              "both a consumer and a supplier")
+        if self.worker_timeout_ms < self.heartbeat_timeout_ms:
+            raise ValueError(f"coordinator.worker_timeout_ms ({self.worker_timeout_ms}) must be at least "
+                             f"coordinator.heartbeat_timeout_ms ({self.heartbeat_timeout_ms}): a worker is "
+                             "declared dead only after it stopped counting as alive")
         return self
 
 

@@ -195,17 +195,87 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
     if as_json:
         print(json.dumps(snap, indent=2))
         return
-    table = Table(title=f"job {snap['job']}: {snap['groups_placed']} groups placed, epoch {snap['epoch']}")
-    for col in ("worker", "alive", "groups", "lag", "state MB", "tuples"):
+    table = Table(title=f"job {snap['job']}: {snap['groups_placed']} groups placed, epoch {snap['epoch']}, "
+                        f"{len(snap['moving'])} moving")
+    for col in ("worker", "alive", "role", "groups", "epoch", "lag", "backlog KB", "state MB", "tuples"):
         table.add_column(col)
     for w in snap["workers"]:
         mb = f"{w['state_bytes'] / 1e6:.1f}" if w["state_bytes"] is not None else "-"
-        table.add_row(w["worker"], "yes" if w["alive"] else "NO", str(len(w["held_groups"])), str(w["lag"]), mb,
-                      str(w["state_tuples"]))
+        kb = f"{w['backlog_bytes'] / 1e3:.0f}" if w["backlog_bytes"] is not None else "-"
+        table.add_row(w["worker"], "yes" if w["alive"] else "NO", w["role"], str(len(w["held_groups"])),
+                      str(w["epoch"]), str(w["lag"]), kb, mb, str(w["state_tuples"]))
     Console().print(table)
+    for m in snap["moving"]:
+        Console().print(f"group {m['group']}: moving from {m['from']} to {m['to']}")
     if snap["ring_failed"]:
         Console().print(f"[red]ring failed ({snap['ring_failed']}): it produces no more results; "
                         "restart the job on fresh topics[/red]")
+
+
+def _placement_request(s: JobSettings, request: object) -> None:
+    """Send an operator's request to the coordinator (hash mode only)."""
+    from streamjoin.schemas import control
+
+    if s.join.mode != "hash":
+        console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; moving groups needs join.mode: hash")
+        raise typer.Exit(2)
+    p = _cluster(s).producer()
+    p.produce(s.control_topic, value=control.encode(request), key=b"request", partition=0)  # type: ignore[arg-type]
+    if p.flush(30):
+        console.print("[red]error:[/red] the broker did not take the request within 30 s")
+        raise typer.Exit(1)
+
+
+def _wait_for(s: JobSettings, done, what: str, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
+    """Poll `streamjoin status` until `done(snapshot)`; exit 1 naming `what` after `timeout_s`."""
+    import time
+
+    from streamjoin.services.coordinator.status import snapshot
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snap = snapshot(s, _cluster(s))
+        if done(snap):
+            print(json.dumps({"done": what, "epoch": snap["epoch"]}))
+            return
+        time.sleep(1)
+    console.print(f"[red]error:[/red] {what}: not done within {timeout_s:.0f} s (see the coordinator's log: a "
+                  "refused request says why)")
+    raise typer.Exit(1)
+
+
+WaitOpt = Annotated[float, typer.Option("--wait", help="seconds to wait for it to finish (0: do not wait)")]
+
+
+@app.command()
+def move(group: Annotated[int, typer.Argument(help="the partition group to move")],
+         to: Annotated[str, typer.Option("--to", help="the live worker to move it to")],
+         job: JobOpt = None, bootstrap: BootstrapOpt = None, wait: WaitOpt = 120.0) -> None:
+    """Move a partition group to another worker, live and exactly (the migration protocol)."""
+    from streamjoin.schemas import control
+
+    s = _settings(job, bootstrap=bootstrap)
+    if not 0 <= group < s.partitions:
+        console.print(f"[red]error:[/red] GROUP must be in 0..{s.partitions - 1} (the job's partitions)")
+        raise typer.Exit(2)
+    _placement_request(s, control.MoveGroup(group=group, to=to))
+    if wait > 0:
+        _wait_for(s, lambda snap: any(w["worker"] == to and group in w["held_groups"] for w in snap["workers"])
+                  and not any(m["group"] == group for m in snap["moving"]), f"group {group} on {to}", wait)
+
+
+@app.command()
+def drain(worker_id: Annotated[str, typer.Argument(help="the worker to move every group off")],
+          job: JobOpt = None, bootstrap: BootstrapOpt = None, wait: WaitOpt = 300.0) -> None:
+    """Move every partition group off a worker (before maintenance); it is given none after."""
+    from streamjoin.schemas import control
+
+    s = _settings(job, bootstrap=bootstrap)
+    _placement_request(s, control.DrainWorker(worker=worker_id))
+    if wait > 0:
+        _wait_for(s, lambda snap: all(not (w["placed_groups"] or w["held_groups"]) for w in snap["workers"]
+                                      if w["worker"] == worker_id) and not snap["moving"],
+                  f"{worker_id} drained", wait)
 
 
 @app.command()
@@ -217,11 +287,13 @@ def rebalance(
     """What the coordinator's adaptive policy would do now, and why (hash mode): each worker's
     occupancy, role and state bytes, and the planned moves and scale change, as JSON.
 
-    Only --dry-run exists: moving groups needs the migration protocol, not built yet (exit 2)."""
+    Only --dry-run exists: the coordinator does not apply the policy's moves yet (exit 2);
+    `streamjoin move` and `drain` move groups by hand."""
     s = _settings(job, bootstrap=bootstrap)
     if not dry_run:
-        console.print("[red]error:[/red] moving partition groups between live workers needs the migration "
-                      "protocol, which is not built yet: run `streamjoin rebalance --dry-run` to see the plan")
+        console.print("[red]error:[/red] the coordinator does not apply the adaptive policy's moves yet: run "
+                      "`streamjoin rebalance --dry-run` to see the plan, and `streamjoin move GROUP --to WORKER` "
+                      "to carry out a move")
         raise typer.Exit(2)
     if s.join.mode != "hash":
         console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; rebalancing places the "

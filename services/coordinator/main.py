@@ -1,8 +1,10 @@
 """The coordinator: tracks workers by heartbeat on the control topic, makes
 the initial placement (round-robin once `coordinator.expected_workers` are
-alive), keeps it durable, and tells each worker its groups whenever the
-worker's heartbeat shows it holds something else (level-triggered, so a
-restarted worker or coordinator converges without extra protocol)."""
+alive), keeps it durable, moves groups (operators' `move` and `drain`
+requests, and failover of dead workers: moves.py), and tells each worker its
+groups whenever the worker's heartbeat shows it holds something else
+(level-triggered, so a restarted worker or coordinator converges without
+extra protocol)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from confluent_kafka import OFFSET_END, TopicPartition
 from streamjoin.schemas import control
 from streamjoin.services import kafka, metrics
 from streamjoin.services.coordinator import placement as placing
+from streamjoin.services.coordinator.moves import Finished, Moves
 from streamjoin.services.coordinator.ring import RingCoordination
 from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.settings import JobSettings
@@ -29,8 +32,8 @@ class Coordinator:
         self.cluster = cluster
         self.control_in = self.cluster.consumer(f"{job.consumer_group}-coordinator")
         self.out = self.cluster.producer()
-        self.placement: dict[int, str] = {}
-        self.epoch = 0
+        self.moves: Moves | None = None  # the placement and the moves in flight, once a placement exists
+        self.started_at = time.monotonic()
         self.last_seen: dict[str, float] = {}
         self.health = metrics.HealthState()
         self.stop_flag = StopFlag()
@@ -54,11 +57,14 @@ class Coordinator:
         with self.stop_flag.interruptible():
             kafka.wait_for_broker(self.cluster, log)
             topics.ensure(self.cluster.admin(), self.job)
-            self.placement, self.epoch = placing.load(self.job, self.cluster)
-        log.info("coordinator started", groups_placed=len(self.placement), epoch=self.epoch)
+            records = placing.load_records(self.job, self.cluster)
+        if records:
+            self.moves = Moves.loaded(records, time.monotonic())
+        log.info("coordinator started", groups_placed=len(records),
+                 epoch=self.moves.epoch if self.moves else 0, moving=sorted(self.moves.moving) if self.moves else [])
         if self.job.coordinator.placement == "adaptive":
-            log.warning("coordinator.placement adaptive: groups stay where they are until the migration protocol "
-                        "exists; `streamjoin rebalance --dry-run` shows what the policy would move")
+            log.warning("coordinator.placement adaptive: the policy's moves are not applied yet; "
+                        "`streamjoin rebalance --dry-run` shows them and `streamjoin move` carries one out")
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
 
     def _loop(self) -> None:
@@ -71,6 +77,9 @@ class Coordinator:
                         self.on_heartbeat(msg)
                     elif isinstance(msg, control.RingChange) and self.ring is not None:
                         self.ring.on_change(msg)
+                    elif isinstance(msg, (control.MoveGroup, control.DrainWorker)):
+                        self.on_request(msg)
+            self._fail_over()
             self._update_metrics()
 
     def stop(self) -> None:
@@ -80,29 +89,81 @@ class Coordinator:
         horizon = time.monotonic() - self.job.coordinator.heartbeat_timeout_ms / 1000
         return sorted(w for w, t in self.last_seen.items() if t >= horizon)
 
+    def dead(self) -> list[str]:
+        """Workers with groups (placed or on their way from them) silent for `worker_timeout_ms`;
+        a worker not heard since this coordinator started counts from its start."""
+        if self.moves is None:
+            return []
+        horizon = time.monotonic() - self.job.coordinator.worker_timeout_ms / 1000
+        involved = set(self.moves.owners.values()) | set(self.moves.moving.values())
+        return sorted(w for w in involved if self.last_seen.get(w, self.started_at) < horizon)
+
     def on_heartbeat(self, beat: control.Heartbeat) -> None:
-        self.last_seen[beat.worker] = time.monotonic()
+        now = time.monotonic()
+        self.last_seen[beat.worker] = now
         if self.ring is not None:  # ring mode places no partition groups: the head reads them all
             self.ring.on_heartbeat(beat, self.alive())
             return
-        if not self.placement and len(self.alive()) >= self.job.coordinator.expected_workers:
-            self.epoch += 1
-            self.placement = placing.round_robin(self.alive(), self.job.partitions)
-            placing.store(self.job, self.out, self.placement, self.epoch)
-            log.info("placement made", workers=self.alive(), epoch=self.epoch)
-        if not self.placement:
+        if self.moves is None and len(self.alive()) >= self.job.coordinator.expected_workers:
+            placement = placing.round_robin(self.alive(), self.job.partitions)
+            placing.store(self.job, self.out, placement, 1)
+            self.moves = Moves(placement, {}, 1)
+            log.info("placement made", workers=self.alive(), epoch=1)
+        if self.moves is None:
             return
-        wanted = placing.groups_of(self.placement, beat.worker)
-        if beat.groups != wanted:
-            assignment = control.Assignment(worker=beat.worker, groups=wanted, epoch=self.epoch)
+        released, finished = self.moves.on_heartbeat(beat, self.dead(), now)
+        if released:
+            placing.store_records(self.job, self.out, released)
+            log.info("groups released by their senders", groups=[r.group for r in released], to=beat.worker)
+        for f in finished:
+            self._finished(f)
+        if self.moves.needs_assignment(beat):
+            wanted = self.moves.wanted(beat.worker)
+            assignment = control.Assignment(worker=beat.worker, groups=wanted, epoch=self.moves.epoch)
             self.out.produce(self.job.control_topic, value=control.encode(assignment), key=b"assignment",
                              partition=0)
             self.out.poll(0)
-            log.info("assignment sent", worker=beat.worker, groups=len(wanted), epoch=self.epoch)
+            log.info("assignment sent", worker=beat.worker, groups=len(wanted), epoch=self.moves.epoch)
+
+    def on_request(self, request: control.MoveGroup | control.DrainWorker) -> None:
+        """An operator's `streamjoin move` or `drain`: start the moves (stored first), or say why not."""
+        if self.moves is None or self.ring is not None:
+            outcome: object = "no placement of partition groups to change (ring mode, or none made yet)"
+        elif isinstance(request, control.MoveGroup):
+            outcome = self.moves.move(request.group, request.to, self.alive(), time.monotonic())
+        else:
+            outcome = self.moves.drain(request.worker, self.alive(), time.monotonic())
+        if isinstance(outcome, str):
+            metrics.MIGRATIONS.labels("refused").inc()
+            log.warning("request refused", request=request.type, reason=outcome)
+            return
+        placing.store_records(self.job, self.out, outcome)  # type: ignore[arg-type]
+        log.info("moves started", request=request.type, epoch=self.moves.epoch,  # type: ignore[union-attr]
+                 moves=[f"{r.group}:{r.moving_from}->{r.worker}" for r in outcome])  # type: ignore[union-attr]
+
+    def _fail_over(self) -> None:
+        """`coordinator.failover: reassign`: the groups of workers dead for `worker_timeout_ms` go to live ones."""
+        if self.moves is None or self.job.coordinator.failover != "reassign":
+            return
+        dead = self.dead()
+        records = self.moves.fail_over(dead, self.alive(), time.monotonic()) if dead else []
+        if records:
+            placing.store_records(self.job, self.out, records)
+            metrics.MIGRATIONS.labels("failover").inc(len(records))
+            log.warning("failover: dead workers' groups given to live ones", dead=dead, epoch=self.moves.epoch,
+                        moves=[f"{r.group}->{r.worker}" for r in records])
+
+    def _finished(self, move: Finished) -> None:
+        metrics.MIGRATIONS.labels("done").inc()
+        metrics.MIGRATION_PAUSE_SECONDS.observe(move.pause_s)
+        metrics.MIGRATED_BYTES.inc(move.state_bytes)
+        log.info("move done", group=move.group, sender=move.sender, receiver=move.receiver,
+                 pause_s=round(move.pause_s, 3), state_bytes=move.state_bytes)
 
     def _update_metrics(self) -> None:
         metrics.WORKERS_ALIVE.set(len(self.alive()))
-        metrics.GROUPS_PLACED.set(len(self.placement))
+        metrics.GROUPS_PLACED.set(len(self.moves.owners) if self.moves else 0)
+        metrics.MIGRATIONS_IN_FLIGHT.set(len(self.moves.moving) + len(self.moves.arriving) if self.moves else 0)
 
 
 def run_coordinator(job: JobSettings, cluster: kafka.Cluster, metrics_port: int | None = None) -> None:

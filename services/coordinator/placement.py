@@ -20,22 +20,32 @@ def groups_of(placement: dict[int, str], worker: str) -> list[int]:
     return sorted(g for g, w in placement.items() if w == worker)
 
 
-def load(job: JobSettings, cluster: kafka.Cluster) -> tuple[dict[int, str], int]:
-    """The stored placement and its epoch (0 when none has been made)."""
-    placement: dict[int, str] = {}
-    epoch = 0
+def load_records(job: JobSettings, cluster: kafka.Cluster) -> dict[int, Placement]:
+    """The newest stored placement record of every group."""
+    records: dict[int, Placement] = {}
     for m in kafka.read_partition(cluster, job.placement_topic, 0, 0, f"{job.consumer_group}-placement"):
         if m.value() is None:
             continue
         p = Placement.model_validate_json(m.value())
-        placement[p.group] = p.worker
-        epoch = max(epoch, p.epoch)
-    return placement, epoch
+        records[p.group] = p
+    return records
+
+
+def load(job: JobSettings, cluster: kafka.Cluster) -> tuple[dict[int, str], int]:
+    """The stored placement (group -> owner; a group on its way, its receiver) and its epoch
+    (0 when none has been made)."""
+    records = load_records(job, cluster)
+    return {g: r.worker for g, r in records.items()}, max((r.epoch for r in records.values()), default=0)
 
 
 def store(job: JobSettings, producer: Producer, placement: dict[int, str], epoch: int) -> None:
-    for g, w in sorted(placement.items()):
-        value = Placement(group=g, worker=w, epoch=epoch).model_dump_json().encode()
-        producer.produce(job.placement_topic, key=str(g).encode(), value=value, partition=0)
+    store_records(job, producer, [Placement(group=g, worker=w, epoch=epoch) for g, w in sorted(placement.items())])
+
+
+def store_records(job: JobSettings, producer: Producer, records: list[Placement]) -> None:
+    """Write `records` and wait until the broker has them all (the coordinator acts on none before)."""
+    for r in records:
+        producer.produce(job.placement_topic, key=str(r.group).encode(), value=r.model_dump_json().encode(),
+                         partition=0)
     if producer.flush(30) > 0:
         raise RuntimeError("placement not acknowledged by the broker within 30 s")

@@ -1,5 +1,6 @@
-"""`streamjoin status`: the placement and each worker's latest heartbeat; for a ring job,
-whether the ring failed (a node restarted, a stale epoch, a failed delivery) and why."""
+"""`streamjoin status`: the placement, the group moves in flight and each worker's latest
+heartbeat (its role, epoch, backlog); for a ring job, whether the ring failed (a node
+restarted, a stale epoch, a failed delivery) and why."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ def latest_heartbeats(job: JobSettings, cluster: kafka.Cluster, window_s: float 
 
 
 def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
-    placement, epoch = placing.load(job, cluster)
+    records = placing.load_records(job, cluster)
+    placement = {g: r.worker for g, r in records.items()}
+    epoch = max((r.epoch for r in records.values()), default=0)
+    moving = [{"group": g, "from": r.moving_from, "to": r.worker} for g, r in sorted(records.items()) if r.moving_from]
     beats = latest_heartbeats(job, cluster)
     now_ms = time.time() * 1000
     workers = sorted(set(placement.values()) | set(beats))
@@ -42,13 +46,16 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
         rows.append({
             "worker": w,
             "alive": b is not None and now_ms - b.wall_ms < job.coordinator.heartbeat_timeout_ms,
+            "role": "active" if placing.groups_of(placement, w) else "standby",
             "placed_groups": placing.groups_of(placement, w),
             "held_groups": b.groups if b else [],
+            "epoch": b.epoch if b else None,
+            "backlog_bytes": b.backlog_bytes if b else None,
             "lag": b.lag if b else None,
             "state_bytes": b.state_bytes if b else None,
             "state_tuples": b.state_tuples if b else None,
             "ring_failed": b.ring_failed if b else None,
         })
     failed = sorted({b.ring_failed for b in beats.values() if b.ring_failed})
-    return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "workers": rows,
+    return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "moving": moving, "workers": rows,
             "ring_failed": ", ".join(failed)}

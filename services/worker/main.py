@@ -62,6 +62,7 @@ class Worker:
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
+        self.epoch = 0  # placement epoch of the newest assignment applied
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int, int]]] = {}
         self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
@@ -150,8 +151,12 @@ class Worker:
             if m.error() is not None:
                 continue
             msg = control.decode_control(m.value())
-            if isinstance(msg, control.Assignment) and msg.worker == self.worker_id:
+            # An assignment older than one applied was overtaken (a move since): it would take
+            # back a group this worker already let go of.
+            if isinstance(msg, control.Assignment) and msg.worker == self.worker_id and msg.epoch >= self.epoch:
                 self._apply_assignment(set(msg.groups))
+                self.epoch = msg.epoch
+                self._heartbeat()  # at the new epoch: a sender's release is what ends its part of a move
 
     def _apply_assignment(self, wanted: set[int]) -> None:
         removed, added = self.groups - wanted, wanted - self.groups
@@ -173,7 +178,6 @@ class Worker:
         self.groups = wanted
         metrics.GROUPS.set(len(wanted))
         log.info("assignment applied", groups=len(wanted), added=len(added), removed=len(removed))
-        self._heartbeat()
 
     def _partitions(self, groups: set[int], from_checkpoint: bool = False) -> list[TopicPartition]:
         """Every input partition of `groups`, at the checkpoint's boundary (or unpositioned): per
@@ -360,7 +364,7 @@ class Worker:
             state_bytes=sum(s.window.nbytes for s in hot.values()),
             state_tuples=sum(s.window.tuples for s in hot.values()), metrics_url=self.metrics_url,
             backlog_bytes=backlog_bytes(self.pending, behind, self.record_size),
-            group_bytes=self.store.group_bytes(self.groups),
+            group_bytes=self.store.group_bytes(self.groups), epoch=self.epoch,
         )
         self.control_out.produce(self.job.control_topic, value=control.encode(beat), key=self.worker_id.encode(),
                                  partition=0)

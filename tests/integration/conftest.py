@@ -29,9 +29,11 @@ def make_job(bootstrap: str, tmp_path: Path, windows: list[dict], workers: int, 
              **extra: object) -> JobSettings:
     worker = {"state_dir": str(tmp_path / "state"), "batch_ms": 100, "heartbeat_ms": 500} | dict(
         extra.pop("worker", {}))  # type: ignore[arg-type]
+    coordinator = {"expected_workers": workers, "heartbeat_timeout_ms": 5000} | dict(
+        extra.pop("coordinator", {}))  # type: ignore[arg-type]
     return load(None, job="it", bootstrap=bootstrap, partitions=partitions,
-                streams=[stream(n, w) for n, w in zip("rst", windows)], worker=worker,
-                coordinator={"expected_workers": workers, "heartbeat_timeout_ms": 5000}, **extra)
+                streams=[stream(n, w) for n, w in zip("rst", windows)], worker=worker, coordinator=coordinator,
+                **extra)
 
 
 @pytest.fixture

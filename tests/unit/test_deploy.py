@@ -750,6 +750,7 @@ def test_alerts_required_and_documented():
     assert set(alerts) == {
         "StreamjoinWorkerDown", "StreamjoinDeadLetters", "StreamjoinProductionDelayHigh",
         "StreamjoinConsumerLagGrowing", "StreamjoinWindowStateNearHotLimit", "StreamjoinNoCoordinator",
+        "StreamjoinMigrationStuck",
     }
     records = {r["record"] for r in _rules() if "record" in r}
     assert {"job_stream:streamjoin_tuples_in:rate1m", "job:streamjoin_results_out:rate1m",
@@ -771,7 +772,8 @@ def test_dashboard_panels():
     assert variables["datasource"]["type"] == "datasource"
     titles = {p["title"] for p in dash["panels"] if p["type"] != "row"}
     for wanted in ("Input rate per stream", "Results rate", "Production delay", "Dead letters by reason",
-                   "Consumer lag per worker", "Window state bytes per group (top 10)", "Batch time", "Workers alive"):
+                   "Consumer lag per worker", "Window state bytes per group (top 10)", "Batch time", "Workers alive",
+                   "Group moves", "Migration pause (p99)"):
         assert wanted in titles
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))

@@ -110,7 +110,7 @@ def test_unimportable_udf_exits_2_at_worker_start(tmp_path: Path) -> None:
 
 def test_coordinator_defaults_are_the_papers() -> None:
     c = load(default_job_file()).coordinator
-    assert c.placement == "sticky"  # nothing moves until the migration protocol exists
+    assert c.placement == "sticky"  # groups move only when asked (move, drain) or when a worker dies
     assert (c.buffer_bytes, c.reorg_epoch_ms) == (1 << 20, 20_000)  # seed 000 VI-A, Table 2
     assert (c.supplier_occupancy, c.consumer_occupancy, c.scale_lambda) == (0.5, 0.01, 1.0)  # Table 2, V-A
     assert c.yield_group == "random"  # seed 000 IV-C
@@ -139,10 +139,29 @@ def test_bad_coordinator_setting_is_a_settings_error_naming_it(tmp_path: Path, c
     assert result.exit_code == 2 and field in result.output, result.output
 
 
+@pytest.mark.parametrize("change, field", [
+    ({"worker_timeout_ms": 1000}, "coordinator.worker_timeout_ms"),  # below heartbeat_timeout_ms
+    ({"failover": "maybe"}, "coordinator.failover"),
+])
+def test_bad_failover_setting_is_a_settings_error_naming_it(tmp_path: Path, change: dict, field: str) -> None:
+    with pytest.raises(SettingsError, match=field):
+        load(_job(tmp_path, lambda d: d["coordinator"].update(change)))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["move", "60", "--to", "w1"], "GROUP must be in 0..59"),
+    (["move", "3", "--to", "w1", "--job", "streamjoin/jobs/band3.yaml"], "needs join.mode: hash"),
+    (["drain", "w1", "--job", "streamjoin/jobs/band3.yaml"], "needs join.mode: hash"),
+])
+def test_move_and_drain_refuse_what_cannot_move_with_exit_2(args: list[str], says: str) -> None:
+    result = runner.invoke(app, [*args, "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+
+
 def test_rebalance_without_dry_run_exits_2_naming_the_migration_protocol() -> None:
     result = runner.invoke(app, ["rebalance", "--bootstrap", "127.0.0.1:1"])
     assert result.exit_code == 2
-    assert "migration protocol" in result.output and "--dry-run" in result.output
+    assert "streamjoin move" in result.output and "--dry-run" in result.output
 
 
 def test_rebalance_of_a_ring_job_exits_2() -> None:

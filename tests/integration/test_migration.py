@@ -1,0 +1,111 @@
+"""Groups that move, through the real parts: three worker processes on the embedded
+broker under a steady input rate; `streamjoin move` and `streamjoin drain` (the CLI,
+as an operator runs them) mid-stream, then a worker SIGKILLed and never restarted, its
+groups failed over to the live one. The output is checked exactly against the
+plain-Python reference; the move's, the drain's and the failover's times are printed."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from streamjoin.launcher import wait_drained
+from streamjoin.services import kafka
+from streamjoin.services.coordinator.status import snapshot
+from tests.integration.conftest import make_job
+from tests.integration.kafka_harness import Row, check, produce
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 12
+RATE = 400  # rows per second, event time about wall time
+
+
+def _sample(port: int, name: str, labels: str) -> float:
+    """A labelled sample (`labels` as Prometheus prints them, e.g. 'outcome="done"') of the service on `port`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(f"{name}{{{labels}}}"))
+
+
+class SteadyInput(threading.Thread):
+    """Produces RATE rows a second, in tenths of a second, until stopped."""
+
+    def __init__(self, job, bootstrap: str) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(daemon=True)
+        self.job, self.bootstrap = job, bootstrap
+        self.stop_flag = threading.Event()
+        self.rows = 0
+
+    def run(self) -> None:
+        rnd = random.Random(21)
+        producer = kafka.Cluster(self.bootstrap).producer()
+        started = time.time()
+        while not self.stop_flag.is_set():
+            now_ms = int((time.time() - started) * 1000) + 10_000
+            chunk = [Row(rnd.choice("rs"), rnd.randrange(300), now_ms - rnd.randint(0, 200)) for _ in range(RATE // 10)]
+            produce(self.job, self.bootstrap, chunk, producer=producer)
+            self.rows += len(chunk)
+            time.sleep(0.1)
+
+
+def _cli(job_file: Path, bootstrap: str, *args: str) -> float:
+    """Run `streamjoin ARGS` as an operator would; the seconds it took (it waits for the move to finish)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "streamjoin.cli", *args, "--job", str(job_file),
+                           "--bootstrap", bootstrap], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return time.monotonic() - started
+
+
+def _held(job, bootstrap: str) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+    return {w["worker"]: w["held_groups"] for w in snapshot(job, kafka.Cluster(bootstrap))["workers"] if w["alive"]}
+
+
+def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_path: Path) -> None:
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=3,
+                   partitions=PARTITIONS, coordinator={"heartbeat_timeout_ms": 3000, "worker_timeout_ms": 6000})
+    fleet = fleet_for(job, 3)
+    steady = SteadyInput(job, broker.bootstrap)
+    steady.start()
+    try:
+        time.sleep(4)
+        moved = next(g for g in _held(job, broker.bootstrap)["w0"])
+        move_s = _cli(fleet.job_file, broker.bootstrap, "move", str(moved), "--to", "w2")
+        assert moved in _held(job, broker.bootstrap)["w2"]
+        time.sleep(2)
+        drain_s = _cli(fleet.job_file, broker.bootstrap, "drain", "w1")
+        assert _held(job, broker.bootstrap)["w1"] == []
+        time.sleep(2)
+        orphans = set(_held(job, broker.bootstrap)["w2"])
+        fleet.restart_workers = False
+        killed = time.monotonic()
+        fleet.kill("w2", signal.SIGKILL)
+        deadline = killed + 90
+        while not orphans <= set(_held(job, broker.bootstrap).get("w0", [])):
+            assert time.monotonic() < deadline, "the dead worker's groups were not failed over within 90 s"
+            time.sleep(0.5)
+        failover_s = time.monotonic() - killed
+        time.sleep(2)
+    finally:
+        steady.stop_flag.set()
+        steady.join(30)
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    port = fleet.metrics_ports["coordinator"]
+    done, failed_over = (_sample(port, "streamjoin_migrations_total", 'outcome="done"'),
+                         _sample(port, "streamjoin_migrations_total", 'outcome="failover"'))
+    print(f"migration: move {move_s:.1f} s, drain {drain_s:.1f} s, failover {failover_s:.1f} s "
+          f"(worker_timeout_ms {job.coordinator.worker_timeout_ms}); moves done {done:.0f}, failed over "
+          f"{failed_over:.0f}; {steady.rows} rows")
+    assert failed_over == len(orphans) and done >= 1 + PARTITIONS // 3
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 1000
