@@ -92,14 +92,25 @@ class Coordinator:
     def dead(self) -> list[str]:
         """Workers with groups (placed or on their way from them) silent for `worker_timeout_ms`;
         a worker not heard since this coordinator started counts from its start."""
-        if self.moves is None:
+        if self.moves is None or not self._hearing():
             return []
         horizon = time.monotonic() - self.job.coordinator.worker_timeout_ms / 1000
         involved = set(self.moves.owners.values()) | set(self.moves.moving.values())
         return sorted(w for w in involved if self.last_seen.get(w, self.started_at) < horizon)
 
+    def _hearing(self) -> bool:
+        """Whether any heartbeat arrived within `heartbeat_timeout_ms`: when none did, this
+        coordinator is the one cut off (the broker is away), and nobody is declared dead."""
+        newest = max(self.last_seen.values(), default=self.started_at)
+        return time.monotonic() - newest < self.job.coordinator.heartbeat_timeout_ms / 1000
+
     def on_heartbeat(self, beat: control.Heartbeat) -> None:
         now = time.monotonic()
+        if not self._hearing():
+            # The first heartbeat after this coordinator heard none for a while: the silence was
+            # its own (the broker was away), so every worker's timeout starts again from now.
+            self.last_seen = dict.fromkeys(self.last_seen, now)
+            self.started_at = now
         self.last_seen[beat.worker] = now
         if self.ring is not None:  # ring mode places no partition groups: the head reads them all
             self.ring.on_heartbeat(beat, self.alive())
