@@ -56,6 +56,18 @@ def feed_in_two_batches(job: JobSettings, bootstrap: str, fleet: Fleet, rows: li
     return {(c.group, c.seq) for c in commits(job, bootstrap) if isinstance(c, BatchCommit)}
 
 
+def take_through(worker, ends: dict[tuple[str, int], int]) -> None:  # type: ignore[no-untyped-def]
+    """Take records into an in-process `worker` (services/worker/main.Worker, its consumer
+    assigned) until its position reaches `ends` on every input partition."""
+    deadline = time.monotonic() + 60
+    while True:
+        worker._take(worker.consumer.consume(10_000, 0.2))
+        positions = worker.consumer.position([TopicPartition(t, p) for t, p in ends])
+        if all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in positions):
+            return
+        assert time.monotonic() < deadline, "input not read within 60 s"
+
+
 def lose_disk_and_rewind(job: JobSettings, bootstrap: str, fleet: Fleet, worker: str) -> None:
     """Stop `worker`, delete its RocksDB state and commit offset 0 on every input, so its
     restart replays every batch the commits topic holds (and must commit their offsets)."""

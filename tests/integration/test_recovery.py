@@ -21,7 +21,8 @@ from streamjoin.services.worker.recovery import recover_groups
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import check, produce, produced_refs
-from tests.integration.fleet_harness import feed_in_two_batches, lose_disk_and_rewind, metric, proxied_fleet
+from tests.integration.fleet_harness import (feed_in_two_batches, lose_disk_and_rewind, metric, proxied_fleet,
+                                             take_through)
 from tests.integration.tcp_proxy import DelayingProxy
 from tests.integration.test_hash_join import rows_out_of_order
 
@@ -44,13 +45,17 @@ def _take_all(worker: Worker, ends: dict[tuple[str, int], int]) -> None:
     """Take every input record up to `ends` into `worker`, which owns every group."""
     worker.groups = set(range(worker.job.partitions))
     worker.consumer.assign(worker._partitions(worker.groups))
-    deadline = time.monotonic() + 60
-    while True:
-        worker._take(worker.consumer.consume(10_000, 0.5))
-        positions = worker.consumer.position([TopicPartition(t, p) for t, p in ends])
-        if all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in positions):
-            break
-        assert time.monotonic() < deadline, "input not read within 60 s"
+    take_through(worker, ends)
+
+
+def _job_with_input(broker, tmp_path: Path, rows: int, seed: int):  # type: ignore[no-untyped-def]
+    """A 2-group job with `rows` rows written; (job, cluster, the inputs' end offsets)."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=2,
+                   worker={"exactly_once": True})
+    cluster = kafka.Cluster.of(job)
+    topics.ensure(cluster.admin(), job)
+    produce(job, broker.bootstrap, rows_out_of_order("rs", rows, 20, seed=seed))
+    return job, cluster, input_end_offsets(job, broker.bootstrap)
 
 
 def _die_after_writing_part(worker: Worker, batches: list[GroupBatch], partial: GroupBatch, keep: int) -> None:
@@ -73,12 +78,7 @@ def test_replay_writes_the_missing_results_once_and_commits_the_offsets(broker, 
     """exactly_once: a batch whose commit record and part of whose results were written is
     replayed; the rest of its results go out in one transaction, each result is on the
     results topic once, and the input offsets are committed at the batch's boundary."""
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=2,
-                   worker={"exactly_once": True})
-    cluster = kafka.Cluster.of(job)
-    topics.ensure(cluster.admin(), job)
-    produce(job, broker.bootstrap, rows_out_of_order("rs", 800, 20, seed=11))
-    ends = input_end_offsets(job, broker.bootstrap)
+    job, cluster, ends = _job_with_input(broker, tmp_path, 800, seed=11)
 
     dead = _started(Worker(job, cluster, "dead"))
     batches = _one_cycle(dead, ends)
@@ -113,12 +113,7 @@ def test_an_offset_read_back_behind_a_committed_batch_is_committed_again(broker,
     one a committed transaction carried, and a drained partition then shows lag for good.
     The worker's heartbeat compares the group's committed offsets of its idle partitions
     with what its batches committed and commits those again."""
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=1, partitions=2,
-                   worker={"exactly_once": True})
-    cluster = kafka.Cluster.of(job)
-    topics.ensure(cluster.admin(), job)
-    produce(job, broker.bootstrap, rows_out_of_order("rs", 200, 20, seed=13))
-    ends = input_end_offsets(job, broker.bootstrap)
+    job, cluster, ends = _job_with_input(broker, tmp_path, 200, seed=13)
     worker = _started(Worker(job, cluster, "w0"))
     try:
         _take_all(worker, ends)

@@ -9,8 +9,6 @@ import random
 import time
 from pathlib import Path
 
-from confluent_kafka import TopicPartition
-
 from streamjoin.launcher import input_end_offsets
 from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.main import Worker, stream_templates
@@ -20,6 +18,7 @@ from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.topology import topics
 from tests.integration.conftest import stream
+from tests.integration.fleet_harness import take_through
 from tests.integration.kafka_harness import Row, produce
 
 import pytest
@@ -40,16 +39,6 @@ def _job(bootstrap: str, tmp_path: Path, window_ms: int) -> JobSettings:
 
 def _chunk(n: int, rnd: random.Random) -> list[Row]:
     return [Row("rs"[i % 2], rnd.randrange(10), 10_000 + n * CHUNK_MS + i * CHUNK_MS // 100) for i in range(100)]
-
-
-def _take_through(worker: Worker, ends: dict[tuple[str, int], int]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        worker._take(worker.consumer.consume(10_000, 0.2))
-        positions = worker.consumer.position([TopicPartition(t, p) for t, p in ends])
-        if all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in positions):
-            return
-        assert time.monotonic() < deadline, "input not read within 60 s"
 
 
 def _windows(store: WindowedStore) -> list[list[list[tuple]]]:
@@ -91,7 +80,7 @@ def test_restore_reads_grow_with_the_window_not_with_the_jobs_age(broker, tmp_pa
         try:
             for n in range(1, max(AGES) + 1):
                 produce(job, broker.bootstrap, _chunk(n, rnd))
-                _take_through(writer, input_end_offsets(job, broker.bootstrap))
+                take_through(writer, input_end_offsets(job, broker.bootstrap))
                 writer._cycle()
                 if n in AGES:
                     reads[(window_ms, n)] = _restore_elsewhere(job, cluster, writer, tmp_path / f"fresh{window_ms}-{n}")
