@@ -123,15 +123,16 @@ def end_offsets(cluster: Cluster, partitions: list[tuple[str, int]], group: str,
 
 
 def read_partitions(cluster: Cluster, topic: str, starts: dict[int, int], group: str,
-                    timeout_s: float = 120.0) -> list[Message]:
+                    timeout_s: float = 120.0, ends: dict[int, int] | None = None) -> list[Message]:
     """Every record of the given partitions of `topic` under read_committed, from each start
-    offset to the end as of now (`end_offsets`).
+    offset to the end as of now (`end_offsets`), or to `ends[p]` when the caller knows them.
 
     A partition is done when the consumer's position reaches its end: the position also
     moves over transaction markers and aborted records, which no reader is handed. Fails
     loudly (TimeoutError after `timeout_s`, KafkaException on a broker error) rather than
     return a partial read."""
-    ends = {p: e for (_, p), e in end_offsets(cluster, [(topic, p) for p in starts], group).items()}
+    if ends is None:
+        ends = {p: e for (_, p), e in end_offsets(cluster, [(topic, p) for p in starts], group).items()}
     remaining = {p for p, s in starts.items() if ends[p] > max(s, 0)}
     if not remaining:
         return []

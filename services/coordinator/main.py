@@ -125,16 +125,23 @@ class Coordinator:
         released, finished = self.moves.on_heartbeat(beat, self.dead(), now)
         if released:
             placing.store_records(self.job, self.out, released)
-            log.info("groups released by their senders", groups=[r.group for r in released], to=beat.worker)
+            log.info("groups released", groups=[r.group for r in released], by=beat.worker)
         for f in finished:
             self._finished(f)
         if self.moves.needs_assignment(beat):
-            wanted = self.moves.wanted(beat.worker)
-            assignment = control.Assignment(worker=beat.worker, groups=wanted, epoch=self.moves.epoch)
-            self.out.produce(self.job.control_topic, value=control.encode(assignment), key=b"assignment",
-                             partition=0)
-            self.out.poll(0)
-            log.info("assignment sent", worker=beat.worker, groups=len(wanted), epoch=self.moves.epoch)
+            self._assign(beat.worker)
+        for worker in sorted({r.worker for r in released}):
+            self._assign(worker)  # a receiver need not wait for its next heartbeat
+
+    def _assign(self, worker: str) -> None:
+        """Tell `worker` the groups it should hold now, at the current epoch."""
+        if self.moves is None:
+            return
+        wanted = self.moves.wanted(worker)
+        assignment = control.Assignment(worker=worker, groups=wanted, epoch=self.moves.epoch)
+        self.out.produce(self.job.control_topic, value=control.encode(assignment), key=b"assignment", partition=0)
+        self.out.poll(0)
+        log.info("assignment sent", worker=worker, groups=len(wanted), epoch=self.moves.epoch)
 
     def on_request(self, request: control.MoveGroup | control.DrainWorker) -> None:
         """An operator's `streamjoin move` or `drain`: start the moves (stored first), or say why not."""
@@ -151,6 +158,8 @@ class Coordinator:
         placing.store_records(self.job, self.out, outcome)  # type: ignore[arg-type]
         log.info("moves started", request=request.type, epoch=self.moves.epoch,  # type: ignore[union-attr]
                  moves=[f"{r.group}:{r.moving_from}->{r.worker}" for r in outcome])  # type: ignore[union-attr]
+        for sender in sorted({r.moving_from for r in outcome if r.moving_from}):  # type: ignore[union-attr]
+            self._assign(sender)  # the sender lets go now, not at its next heartbeat
 
     def _fail_over(self) -> None:
         """`coordinator.failover: reassign`: the groups of workers dead for `worker_timeout_ms` go to live ones."""
@@ -163,6 +172,8 @@ class Coordinator:
             metrics.MIGRATIONS.labels("failover").inc(len(records))
             log.warning("failover: dead workers' groups given to live ones", dead=dead, epoch=self.moves.epoch,
                         moves=[f"{r.group}->{r.worker}" for r in records])
+            for worker in sorted({r.worker for r in records}):
+                self._assign(worker)
 
     def _finished(self, move: Finished) -> None:
         metrics.MIGRATIONS.labels("done").inc()

@@ -47,18 +47,25 @@ def recover_groups(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, sto
 
     `consumer` is the worker's input consumer (its group metadata goes into the transaction
     that commits a replayed batch's offsets); `routings[i]` as for run_cycle. The commits,
-    results and dead-letter partitions of all `groups` are each read in one pass."""
-    restored = restore_groups(job, cluster, store, groups)
+    results and dead-letter partitions of all `groups` are each read in one pass, and the ends
+    of the changelog, commits and dead-letter partitions found in one (nothing else writes
+    them while this worker recovers its groups)."""
+    probe = f"{job.consumer_group}-recovery"
+    read_to_end = [job.commits_topic, job.dead_letter_topic] + ([job.changelog_topic] if job.worker.changelog else [])
+    ends = kafka.end_offsets(cluster, [(topic, g) for topic in read_to_end for g in groups], probe)
+    restored = restore_groups(job, cluster, store, groups, ends)
     checkpoints = {g: store.get(g).checkpoint for g in groups}
     boundary = [tp for g in restored for tp in _offsets(checkpoints[g].end)]
     if boundary:  # the group's offsets say where its state is; batches replayed below move them on
         consumer.commit(offsets=boundary, asynchronous=False)
-    commits = _commits_after(job, cluster, {g: (ck.commits_next, ck.seq) for g, ck in checkpoints.items()})
+    commits = _commits_after(job, cluster, {g: (ck.commits_next, ck.seq) for g, ck in checkpoints.items()},
+                             _of(ends, job.commits_topic))
     behind = [g for g in groups if commits[g]]
     present = _results_present(job, cluster, {g: checkpoints[g].results_next for g in behind})
     for g in behind:
         _replay(job, cluster, plan, store, emitter, consumer, routings, g, commits[g], *present[g])
-    dead = _dead_letters_written(job, cluster, {g: store.get(g).checkpoint.dead_letter_next for g in groups})
+    dead = _dead_letters_written(job, cluster, {g: store.get(g).checkpoint.dead_letter_next for g in groups},
+                                 _of(ends, job.dead_letter_topic))
     metrics.RECOVERIES.inc()
     return dead
 
@@ -100,13 +107,18 @@ def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: Win
                  len(batch.results))
 
 
-def _commits_after(job: JobSettings, cluster: kafka.Cluster,
-                   since: dict[int, tuple[int, int]]) -> dict[int, list[tuple[BatchCommit, int]]]:
+def _of(ends: dict[tuple[str, int], int], topic: str) -> dict[int, int]:
+    """`topic`'s partitions' ends out of `ends` (topic, partition) -> end."""
+    return {p: end for (t, p), end in ends.items() if t == topic}
+
+
+def _commits_after(job: JobSettings, cluster: kafka.Cluster, since: dict[int, tuple[int, int]],
+                   ends: dict[int, int]) -> dict[int, list[tuple[BatchCommit, int]]]:
     """Per group, its batch commits past its checkpoint (`since[g]` = (commits offset, batch
     applied)), with their offsets, in batch order."""
     found: dict[int, dict[int, tuple[BatchCommit, int]]] = {g: {} for g in since}
     starts = {g: offset for g, (offset, _) in since.items()}
-    for m in kafka.read_partitions(cluster, job.commits_topic, starts, f"{job.consumer_group}-recovery"):
+    for m in kafka.read_partitions(cluster, job.commits_topic, starts, f"{job.consumer_group}-recovery", ends=ends):
         commit = decode_commit(m.value())
         g = m.partition()
         if isinstance(commit, BatchCommit) and commit.group == g and commit.seq > since[g][1]:
@@ -167,10 +179,11 @@ def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: di
         c.close()
 
 
-def _dead_letters_written(job: JobSettings, cluster: kafka.Cluster,
-                          starts: dict[int, int]) -> dict[int, set[tuple[str, int, int]]]:
+def _dead_letters_written(job: JobSettings, cluster: kafka.Cluster, starts: dict[int, int],
+                          ends: dict[int, int]) -> dict[int, set[tuple[str, int, int]]]:
     out: dict[int, set[tuple[str, int, int]]] = {g: set() for g in starts}
-    for m in kafka.read_partitions(cluster, job.dead_letter_topic, starts, f"{job.consumer_group}-recovery"):
+    for m in kafka.read_partitions(cluster, job.dead_letter_topic, starts, f"{job.consumer_group}-recovery",
+                                   ends=ends):
         h = decode_headers(m.headers())
         out[m.partition()].add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
     return out

@@ -30,26 +30,29 @@ log = structlog.get_logger("streamjoin.worker.restore")
 TAIL_RECORDS = 64  # first look-back for a partition's newest checkpoint; widened 8x while none is found
 
 
-def restore_groups(job: JobSettings, cluster: kafka.Cluster, store: WindowedStore, groups: Sequence[int]) -> list[int]:
+def restore_groups(job: JobSettings, cluster: kafka.Cluster, store: WindowedStore, groups: Sequence[int],
+                   known_ends: dict[tuple[str, int], int] | None = None) -> list[int]:
     """Install the changelog's state of every group in `groups` whose changelog is ahead of
-    `store`'s copy; returns those groups. Nothing to do for a job without a changelog."""
+    `store`'s copy; returns those groups. `known_ends`: the changelog partitions' ends when the
+    caller has them, (topic, partition) -> end. Nothing to do for a job without a changelog."""
     if not job.worker.changelog or not groups:
         return []
     started = time.perf_counter()
     topic = job.changelog_topic
     probe = f"{job.consumer_group}-recovery"
-    ends = {p: end for (_, p), end in kafka.end_offsets(cluster, [(topic, g) for g in groups], probe).items()}
+    if known_ends is None:
+        known_ends = kafka.end_offsets(cluster, [(topic, g) for g in groups], probe)
+    ends = {g: known_ends[(topic, g)] for g in groups}
     newest = _newest_checkpoints(cluster, topic, probe, ends)
     behind = {g: at for g, at in newest.items() if at[0].seq > store.stored_checkpoint(g).seq}
     if not behind:
         return []
     images = {g: Image() for g in behind}
     read = 0
-    for m in kafka.read_partitions(cluster, topic, {g: ck.changelog_low for g, (ck, _) in behind.items()}, probe):
-        g = m.partition()
-        if g in behind and m.offset() <= behind[g][1]:
-            images[g].apply(m.key(), m.value(), m.offset())
-            read += 1
+    starts = {g: ck.changelog_low for g, (ck, _) in behind.items()}
+    for m in kafka.read_partitions(cluster, topic, starts, probe, ends={g: at + 1 for g, (_, at) in behind.items()}):
+        images[m.partition()].apply(m.key(), m.value(), m.offset())  # read up to each checkpoint, no further
+        read += 1
     for g, image in images.items():
         store.install(g, image.values(), image.offsets, ends[g])
     seconds = time.perf_counter() - started
@@ -68,7 +71,7 @@ def _newest_checkpoints(cluster: kafka.Cluster, topic: str, probe: str,
     span = TAIL_RECORDS
     while todo:
         starts = {g: max(0, end - span) for g, end in todo.items()}
-        for m in kafka.read_partitions(cluster, topic, starts, probe):
+        for m in kafka.read_partitions(cluster, topic, starts, probe, ends=todo):
             g = m.partition()
             if g in todo and m.offset() < todo[g] and m.key() == checkpoint_key(g) and m.value() is not None:
                 checkpoint = GroupCheckpoint.decode(m.value())
