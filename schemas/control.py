@@ -96,6 +96,10 @@ class Assignment(BaseModel):
     worker: str
     groups: list[int]
     epoch: int
+    # Workers declared dead that held some of `groups` last: before recovering those groups the
+    # receiver fences their transactions, so a dead worker that was only paused (a zombie)
+    # can commit nothing more.
+    fence: list[str] = Field(default_factory=list)
 
 
 class Placement(BaseModel):

@@ -162,6 +162,15 @@ def read_partition(cluster: Cluster, topic: str, partition: int, start: int, gro
     return read_partitions(cluster, topic, {partition: start}, group)
 
 
+def fence_transactions(cluster: Cluster, transactional_id: str, timeout_s: float = 30.0) -> None:
+    """Initialise a producer with `transactional_id` and close it: the broker aborts that id's
+    open transaction and bumps its epoch, so a producer still using the id fails its next
+    transactional call with a fatal `fenced` error."""
+    producer = cluster.producer(transactional_id)
+    producer.init_transactions(timeout_s)
+    producer.flush(timeout_s)
+
+
 def wait_for_broker(cluster: Cluster, log: Any, give_up_after: float | None = None) -> None:
     """Block until the cluster answers, retrying with capped exponential backoff and
     logging each miss; services start before their broker in most deployments."""

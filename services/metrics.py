@@ -92,6 +92,8 @@ MIGRATION_PAUSE_SECONDS = Histogram("streamjoin_migration_pause_seconds", "From 
                                     buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120), registry=REGISTRY)
 MIGRATED_BYTES = Counter("streamjoin_migrated_bytes", "Window bytes of the groups moved (as their senders last "
                          "reported them)", registry=REGISTRY)
+FENCED = Counter("streamjoin_fenced_workers", "Dead workers whose transactions this worker fenced before "
+                 "recovering the groups they held", registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
 GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
 RING_MESSAGES = Counter("streamjoin_ring_messages", "Ring messages handled by this node", ["kind"],

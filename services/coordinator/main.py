@@ -138,7 +138,8 @@ class Coordinator:
         if self.moves is None:
             return
         wanted = self.moves.wanted(worker)
-        assignment = control.Assignment(worker=worker, groups=wanted, epoch=self.moves.epoch)
+        assignment = control.Assignment(worker=worker, groups=wanted, epoch=self.moves.epoch,
+                                        fence=self.moves.to_fence(worker))
         self.out.produce(self.job.control_topic, value=control.encode(assignment), key=b"assignment", partition=0)
         self.out.poll(0)
         log.info("assignment sent", worker=worker, groups=len(wanted), epoch=self.moves.epoch)

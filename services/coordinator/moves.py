@@ -18,7 +18,10 @@ A move of group g from A to B, each step durable or level-triggered:
   5. B's first heartbeat holding g ends the move (its pause is measured).
 A coordinator restarted at any step reads the placement back and carries on
 from it; a sender or receiver restarted at any step converges through the
-same messages. Failover is a move whose sender is dead from the start.
+same messages. Failover is a move whose sender is dead from the start: the
+receiver is told to fence the dead worker's transactional id before it
+recovers the group, so a worker that was only paused (a zombie) can commit
+nothing more once its group has moved on.
 """
 
 from __future__ import annotations
@@ -53,11 +56,17 @@ class Moves:
     move_epochs: dict[int, int] = field(default_factory=dict)  # group -> the epoch its move began at
     started: dict[int, float] = field(default_factory=dict)
     arriving: dict[int, float] = field(default_factory=dict)
+    fenced_from: dict[int, str] = field(default_factory=dict)  # arriving group -> the dead worker it left
     last_bytes: dict[int, int] = field(default_factory=dict)
 
     def wanted(self, worker: str) -> list[int]:
         """The groups `worker` should hold now: those placed on it that are not still on their way."""
         return sorted(g for g, w in self.owners.items() if w == worker and g not in self.moving)
+
+    def to_fence(self, worker: str) -> list[str]:
+        """Dead workers whose transactions `worker` must fence before recovering groups it is
+        given: those that held them last and did not release them."""
+        return sorted({self.fenced_from[g] for g in self.wanted(worker) if g in self.fenced_from})
 
     def needs_assignment(self, beat: Heartbeat) -> bool:
         """Whether the worker that sent `beat` should be told its groups: it holds others, or it
@@ -100,7 +109,7 @@ class Moves:
             return []
         records = self._start(self._spread(orphans, receivers), now)
         for g in orphans:  # nobody to release them: they are on their way at once
-            del self.moving[g]
+            self.fenced_from[g] = self.moving.pop(g)
             self.arriving[g] = self.arriving.get(g, now)
         return [r.model_copy(update={"moving_from": None}) for r in records]
 
@@ -115,13 +124,16 @@ class Moves:
                                           and g not in beat.groups)]
         records = []
         for g in released:
-            del self.moving[g]
+            sender = self.moving.pop(g)
+            if sender in dead:
+                self.fenced_from[g] = sender
             self.arriving[g] = self.started.get(g, now)
             records.append(Placement(group=g, worker=self.owners[g], epoch=self.epoch))
         finished = []
         for g in [g for g in self.arriving if self.owners[g] == beat.worker and g in beat.groups]:
             start = self.arriving.pop(g)
             self.started.pop(g, None)
+            self.fenced_from.pop(g, None)
             finished.append(Finished(g, self.senders.pop(g, ""), beat.worker, now - start, self.last_bytes.pop(g, 0)))
         return records, finished
 

@@ -10,12 +10,13 @@ results topic (services/worker/recovery.py).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 
 from streamjoin.engine.window_join import template
 from streamjoin.schemas import control
@@ -63,6 +64,7 @@ class Worker:
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
         self.epoch = 0  # placement epoch of the newest assignment applied
+        self.fenced: set[str] = set()  # dead workers whose transactions this one fenced
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int, int]]] = {}
         self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
@@ -154,9 +156,25 @@ class Worker:
             # An assignment older than one applied was overtaken (a move since): it would take
             # back a group this worker already let go of.
             if isinstance(msg, control.Assignment) and msg.worker == self.worker_id and msg.epoch >= self.epoch:
+                self._fence(set(msg.fence) - {self.worker_id})
                 self._apply_assignment(set(msg.groups))
                 self.epoch = msg.epoch
                 self._heartbeat()  # at the new epoch: a sender's release is what ends its part of a move
+
+    def _fence(self, workers: set[str]) -> None:
+        """Fence the transactions of `workers` (declared dead, their groups now coming here):
+        initialising a producer with a worker's transactional id aborts its open transaction and
+        fails every later commit of a producer that still uses it, so a worker that was only
+        paused writes nothing more. Without transactions (`exactly_once: false`) there is nothing
+        to fence with."""
+        if not self.job.worker.exactly_once:
+            return
+        for worker in sorted(workers - self.fenced):
+            with self.stop_flag.interruptible():
+                kafka.fence_transactions(self.cluster, f"{self.job.job}-{worker}")
+            self.fenced.add(worker)
+            metrics.FENCED.inc()
+            log.warning("fenced a dead worker's transactions", worker=self.worker_id, fenced=worker)
 
     def _apply_assignment(self, wanted: set[int]) -> None:
         removed, added = self.groups - wanted, wanted - self.groups
@@ -234,6 +252,7 @@ class Worker:
         try:
             self.emitter.emit(batches, self.consumer, offsets, self.skip_dead, stage)
         except KafkaException as e:
+            exit_if_fenced(e)
             log.warning("cycle failed; recovering its groups", error=str(e), groups=len(batches))
             metrics.BROKER_ERRORS.labels("cycle").inc()
             tx.fail()
@@ -335,6 +354,8 @@ class Worker:
                     return recover_groups(self.job, self.cluster, self.plan, self.store, self.emitter,
                                           self.consumer, self.routings, sorted(groups))
                 except (KafkaException, TimeoutError) as e:
+                    if isinstance(e, KafkaException):
+                        exit_if_fenced(e)
                     log.warning("recovery interrupted by the broker; retrying", groups=len(groups), error=str(e))
                     self.emitter.abort()
                     for g in groups:
@@ -380,6 +401,16 @@ class Worker:
             if high >= 0 and tp.offset >= 0:
                 behind += max(0, high - tp.offset)
         return behind
+
+
+def exit_if_fenced(error: KafkaException) -> None:
+    """A fatal producer error (this worker's transactions were fenced: it was declared dead and
+    its groups moved on) ends the process; its supervisor restarts it as a fresh worker."""
+    err = error.args[0] if error.args else None
+    if isinstance(err, KafkaError) and err.fatal():
+        log.error("this worker's transactions were fenced (declared dead, its groups moved on); exiting "
+                  "for a clean restart", error=str(err))
+        os._exit(75)  # EX_TEMPFAIL
 
 
 def run_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:

@@ -75,9 +75,20 @@ class Deliveries:
 
 def flush(producer: Producer, deliveries: Deliveries) -> None:
     """Wait for every queued record, then fail on any that was not delivered."""
-    while producer.flush(30) > 0:
+    while _flushed(producer) > 0:
         metrics.BROKER_ERRORS.labels("flush-timeout").inc()
     deliveries.check()
+
+
+def _flushed(producer: Producer) -> int:
+    """producer.flush(30). A transactional producer fenced by a newer one with its id (this
+    worker was declared dead) makes confluent-kafka's flush raise a bare SystemError (seen
+    with 2.x on Tansu and the librdkafka log saying "fenced"): reported as the fatal error it is."""
+    try:
+        return producer.flush(30)
+    except SystemError as e:
+        raise KafkaException(KafkaError(KafkaError._FENCED, f"producer failed fatally in flush: {e}",
+                                        fatal=True)) from e
 
 
 class ResultWriter:

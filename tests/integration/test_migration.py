@@ -26,14 +26,17 @@ from tests.integration.kafka_harness import Row, check, produce
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 12
+PARTITIONS_SMALL = 4
 RATE = 400  # rows per second, event time about wall time
 
 
 def _sample(port: int, name: str, labels: str) -> float:
-    """A labelled sample (`labels` as Prometheus prints them, e.g. 'outcome="done"') of the service on `port`."""
+    """A sample of the service on `port`: `labels` as Prometheus prints them (e.g.
+    'outcome="done"'), or "" for an unlabelled one."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         lines = response.read().decode().splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith(f"{name}{{{labels}}}"))
+    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(prefix))
 
 
 class SteadyInput(threading.Thread):
@@ -109,3 +112,35 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 1000
+
+
+def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, tmp_path: Path) -> None:
+    """A worker stopped (SIGSTOP) past `worker_timeout_ms` is declared dead and its groups fail
+    over; the receiver fences its transactions first, so when it is continued (SIGCONT, a
+    zombie) its next commit fails, it exits for a restart as a fresh worker, and nothing it
+    wrote after the failover is visible: the output stays exact."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=2,
+                   partitions=PARTITIONS_SMALL, coordinator={"heartbeat_timeout_ms": 3000, "worker_timeout_ms": 6000})
+    fleet = fleet_for(job, 2)
+    steady = SteadyInput(job, broker.bootstrap)
+    steady.start()
+    try:
+        time.sleep(3)
+        zombie = fleet.procs["w1"]
+        zombie.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 90
+        while sorted(_held(job, broker.bootstrap).get("w0", [])) != list(range(PARTITIONS_SMALL)):
+            assert time.monotonic() < deadline, "the paused worker's groups were not failed over within 90 s"
+            time.sleep(0.5)
+        time.sleep(2)
+        zombie.send_signal(signal.SIGCONT)
+        assert zombie.wait(60) == 75  # fenced: it exits for a clean restart
+        time.sleep(2)
+    finally:
+        steady.stop_flag.set()
+        steady.join(30)
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    assert _sample(fleet.metrics_ports["w0"], "streamjoin_fenced_workers_total", "") == 1
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 500

@@ -66,6 +66,12 @@ def test_a_dead_workers_groups_fail_over_and_a_dead_sender_releases() -> None:
     assert moves.epoch == 3 and set(moves.owners.values()) <= {"b", "c"}
     for w in ("b", "c"):
         assert set(moves.wanted(w)) == {g for g, o in moves.owners.items() if o == w}
+    # Receivers fence whoever held their new groups last without releasing them, until they hold them.
+    assert moves.to_fence("b") == sorted({"c"} | ({"a"} & {moves.fenced_from.get(g) for g in moves.wanted("b")}))
+    taker = moves.owners[0]
+    assert "a" in moves.to_fence(taker)
+    moves.on_heartbeat(_beat(taker, moves.wanted(taker), epoch=3), [], 7.0)
+    assert moves.to_fence(taker) == [] and not set(moves.fenced_from) & set(moves.wanted(taker))
 
 
 def test_a_restarted_coordinator_carries_on_from_the_stored_records() -> None:
