@@ -287,13 +287,13 @@ def rebalance(
     """What the coordinator's adaptive policy would do now, and why (hash mode): each worker's
     occupancy, role and state bytes, and the planned moves and scale change, as JSON.
 
-    Only --dry-run exists: the coordinator does not apply the policy's moves yet (exit 2);
-    `streamjoin move` and `drain` move groups by hand."""
+    Only --dry-run exists (exit 2 without it): with `coordinator.placement: adaptive` the
+    coordinator starts the policy's moves itself; `streamjoin move` and `drain` move groups by hand."""
     s = _settings(job, bootstrap=bootstrap)
     if not dry_run:
-        console.print("[red]error:[/red] the coordinator does not apply the adaptive policy's moves yet: run "
-                      "`streamjoin rebalance --dry-run` to see the plan, and `streamjoin move GROUP --to WORKER` "
-                      "to carry out a move")
+        console.print("[red]error:[/red] only `streamjoin rebalance --dry-run` exists: with coordinator.placement: "
+                      "adaptive the coordinator starts the policy's moves itself, and `streamjoin move GROUP --to "
+                      "WORKER` carries out one by hand")
         raise typer.Exit(2)
     if s.join.mode != "hash":
         console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; rebalancing places the "

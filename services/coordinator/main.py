@@ -8,7 +8,9 @@ extra protocol)."""
 
 from __future__ import annotations
 
+import random
 import time
+from collections import deque
 
 import structlog
 from confluent_kafka import OFFSET_END, TopicPartition
@@ -16,7 +18,9 @@ from confluent_kafka import OFFSET_END, TopicPartition
 from streamjoin.schemas import control
 from streamjoin.services import kafka, metrics
 from streamjoin.services.coordinator import placement as placing
+from streamjoin.services.coordinator.adapt import History, Plan, plan_epoch
 from streamjoin.services.coordinator.moves import Finished, Moves
+from streamjoin.services.coordinator.rebalance import observe
 from streamjoin.services.coordinator.ring import RingCoordination
 from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.settings import JobSettings
@@ -35,6 +39,12 @@ class Coordinator:
         self.moves: Moves | None = None  # the placement and the moves in flight, once a placement exists
         self.started_at = time.monotonic()
         self.last_seen: dict[str, float] = {}
+        # coordinator.placement: adaptive: the heartbeats of the current reorganisation epoch, what
+        # earlier adaptations did, and when the next epoch ends.
+        self.beats: deque[control.Heartbeat] = deque()
+        self.history = History()
+        self.rng = random.Random()
+        self.next_epoch_at = time.monotonic() + job.coordinator.reorg_epoch_ms / 1000
         self.health = metrics.HealthState()
         self.stop_flag = StopFlag()
         self.ring = RingCoordination(job, self.cluster, self.out) if job.join.mode == "ring" else None
@@ -62,9 +72,6 @@ class Coordinator:
             self.moves = Moves.loaded(records, time.monotonic())
         log.info("coordinator started", groups_placed=len(records),
                  epoch=self.moves.epoch if self.moves else 0, moving=sorted(self.moves.moving) if self.moves else [])
-        if self.job.coordinator.placement == "adaptive":
-            log.warning("coordinator.placement adaptive: the policy's moves are not applied yet; "
-                        "`streamjoin rebalance --dry-run` shows them and `streamjoin move` carries one out")
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
 
     def _loop(self) -> None:
@@ -80,6 +87,7 @@ class Coordinator:
                     elif isinstance(msg, (control.MoveGroup, control.DrainWorker)):
                         self.on_request(msg)
             self._fail_over()
+            self._adapt()
             self._update_metrics()
 
     def stop(self) -> None:
@@ -112,6 +120,8 @@ class Coordinator:
             self.last_seen = dict.fromkeys(self.last_seen, now)
             self.started_at = now
         self.last_seen[beat.worker] = now
+        if self.job.coordinator.placement == "adaptive":
+            self.beats.append(beat)
         if self.ring is not None:  # ring mode places no partition groups: the head reads them all
             self.ring.on_heartbeat(beat, self.alive())
             return
@@ -175,6 +185,49 @@ class Coordinator:
                         moves=[f"{r.group}->{r.worker}" for r in records])
             for worker in sorted({r.worker for r in records}):
                 self._assign(worker)
+
+    def _adapt(self) -> None:
+        """`coordinator.placement: adaptive`: at the end of each reorganisation epoch, plan seeds
+        000 and 003's adaptation from the epoch's heartbeats (adapt.py) and start its moves."""
+        if self.job.coordinator.placement != "adaptive" or self.moves is None or self.ring is not None:
+            return
+        if time.monotonic() < self.next_epoch_at:
+            return
+        self.next_epoch_at = time.monotonic() + self.job.coordinator.reorg_epoch_ms / 1000
+        now_ms = int(time.time() * 1000)
+        horizon = now_ms - max(self.job.coordinator.reorg_epoch_ms, self.job.coordinator.heartbeat_timeout_ms)
+        while self.beats and self.beats[0].wall_ms < horizon:
+            self.beats.popleft()
+        observations = observe(self.moves.owners, list(self.beats), now_ms, self.job.coordinator)
+        in_flight = bool(self.moves.moving or self.moves.arriving)
+        plan = plan_epoch(observations, self.job.coordinator, now_ms,
+                          History(self.history.last_scale_ms, self.history.last_memory_ms, in_flight), self.rng)
+        self._start_plan(plan)
+
+    def _start_plan(self, plan: Plan) -> None:
+        """Start `plan`'s moves through the migration protocol (a scale-in victim is drained; a
+        worker scaled out is no longer)."""
+        if self.moves is None:
+            return
+        if plan.scale is not None and plan.scale.action == "scale-in":
+            self.moves.drained.add(plan.scale.worker)
+        elif plan.scale is not None:
+            self.moves.drained.discard(plan.scale.worker)
+        started = []
+        for move in plan.moves:
+            outcome = self.moves.move(move.group, move.target, self.alive(), time.monotonic())
+            if isinstance(outcome, str):
+                metrics.MIGRATIONS.labels("refused").inc()
+                log.warning("adaptive move not started", group=move.group, target=move.target, reason=outcome)
+                continue
+            placing.store_records(self.job, self.out, outcome)
+            started.append(move)
+        if started or plan.scale is not None:
+            self.history = self.history.after(plan)
+            log.info("adaptation started", adaptation=plan.adaptation, scale=plan.scale and plan.scale.why,
+                     moves=[f"{m.group}:{m.source}->{m.target} ({m.reason})" for m in started])
+        for sender in sorted({m.source for m in started}):
+            self._assign(sender)
 
     def _finished(self, move: Finished) -> None:
         metrics.MIGRATIONS.labels("done").inc()

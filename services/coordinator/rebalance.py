@@ -2,8 +2,8 @@
 
 heartbeats -> observations -> plan -> report. `observe` and `dry_run` take what was read (the
 placement and the epoch's heartbeats) and the time, so tests call them without a broker;
-`read_dry_run` reads both from Kafka. Nothing is applied: the coordinator does not carry out the
-policy's moves yet (`streamjoin move` carries out one by hand).
+`read_dry_run` reads both from Kafka. Nothing is applied here: with `coordinator.placement:
+adaptive` the coordinator runs the same policy on the heartbeats it reads and starts the moves.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from streamjoin.services.coordinator.adapt import History, Plan, WorkerObservati
 from streamjoin.services.coordinator.status import heartbeats_since
 from streamjoin.settings import CoordinatorSpec, JobSettings
 
-NOT_APPLIED = ("dry run: nothing was moved. The coordinator does not apply the policy's moves yet; "
-               "`streamjoin move GROUP --to WORKER` carries one out through the migration protocol")
+NOT_APPLIED = ("dry run: nothing was moved. With coordinator.placement: adaptive the coordinator starts such "
+               "moves itself at each epoch's end (through the migration protocol); `streamjoin move GROUP --to "
+               "WORKER` carries out one by hand")
 
 
 def observe(placement: Mapping[int, str], beats: Sequence[Heartbeat], now_ms: int,
