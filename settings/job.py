@@ -204,8 +204,8 @@ class CoordinatorSpec(_Strict):
     metrics_port: int = Field(default=0, ge=0)
     placement: Literal["sticky", "adaptive"] = Field(
         default="sticky",
-        description="sticky: a group stays where it is placed until an operator moves it or its worker dies. adaptive: seed 000's load "
-                    "balancing and degree of declustering and seed 003's memory balancing decide moves "
+        description="sticky: a group stays where it is placed until an operator moves it or its worker dies. "
+                    "adaptive: seed 000's load balancing and degree of declustering and seed 003's memory balancing decide moves "
                     "(services/coordinator/adapt.py), carried out through the migration protocol at the end "
                     "of each reorganisation epoch; `streamjoin rebalance --dry-run` shows the plan")
     buffer_bytes: int = Field(
