@@ -206,8 +206,8 @@ class CoordinatorSpec(_Strict):
         default="sticky",
         description="sticky: a group stays where it is placed until an operator moves it or its worker dies. "
                     "adaptive: seed 000's load balancing and degree of declustering and seed 003's memory "
-                    "balancing decide moves (services/coordinator/adapt.py), carried out through the migration protocol at the end "
-                    "of each reorganisation epoch; `streamjoin rebalance --dry-run` shows the plan")
+                    "balancing decide moves (services/coordinator/adapt.py), carried out through the migration "
+                    "protocol at the end of each reorganisation epoch; `streamjoin rebalance --dry-run` shows the plan")
     buffer_bytes: int = Field(
         default=1 << 20, gt=0,
         description="a worker's buffer capacity: occupancy = mean backlog bytes over the reorganisation "
