@@ -144,3 +144,31 @@ def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, 
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 500
+
+
+def test_adaptive_coordinator_scales_in_an_idle_job_through_the_protocol(broker, fleet_for, tmp_path: Path) -> None:
+    """coordinator.placement: adaptive on a light load: no worker is a supplier, so seed 000's
+    degree of declustering shrinks: the worker with the least state is drained to standby
+    by moves the coordinator starts itself; the output stays exact."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=2,
+                   partitions=PARTITIONS_SMALL,
+                   coordinator={"placement": "adaptive", "reorg_epoch_ms": 2000, "scale_cooldown_ms": 1000})
+    fleet = fleet_for(job, 2)
+    steady = SteadyInput(job, broker.bootstrap)
+    steady.start()
+    try:
+        deadline = time.monotonic() + 90
+        while not any(groups == [] for groups in _held(job, broker.bootstrap).values()):
+            assert time.monotonic() < deadline, "the adaptive coordinator did not scale in within 90 s"
+            time.sleep(0.5)
+        time.sleep(2)
+    finally:
+        steady.stop_flag.set()
+        steady.join(30)
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    held = _held(job, broker.bootstrap)
+    assert sorted(g for groups in held.values() for g in groups) == list(range(PARTITIONS_SMALL)), held
+    assert _sample(fleet.metrics_ports["coordinator"], "streamjoin_migrations_total", 'outcome="done"') >= 1
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 200
