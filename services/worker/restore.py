@@ -15,9 +15,11 @@ has it and recovery replays it. The work grows with the window (from
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import structlog
+from confluent_kafka import Message
 
 from streamjoin.services import kafka, metrics
 from streamjoin.settings import JobSettings
@@ -44,15 +46,20 @@ def restore_groups(job: JobSettings, cluster: kafka.Cluster, store: WindowedStor
         known_ends = kafka.end_offsets(cluster, [(topic, g) for g in groups], probe)
     ends = {g: known_ends[(topic, g)] for g in groups}
     newest = _newest_checkpoints(cluster, topic, probe, ends)
-    behind = {g: at for g, at in newest.items() if at[0].seq > store.stored_checkpoint(g).seq}
+    behind = {g: found for g, found in newest.items() if found.checkpoint.seq > store.stored_checkpoint(g).seq}
     if not behind:
         return []
     images = {g: Image() for g in behind}
-    read = 0
-    starts = {g: ck.changelog_low for g, (ck, _) in behind.items()}
-    for m in kafka.read_partitions(cluster, topic, starts, probe, ends={g: at + 1 for g, (_, at) in behind.items()}):
-        images[m.partition()].apply(m.key(), m.value(), m.offset())  # read up to each checkpoint, no further
-        read += 1
+    # A group whose low mark is inside the tail already read needs no second read (a short window).
+    further = {g: found for g, found in behind.items() if found.checkpoint.changelog_low < found.tail_start}
+    records = [m for g, found in behind.items() if g not in further for m in found.tail
+               if found.checkpoint.changelog_low <= m.offset() <= found.offset]
+    if further:
+        records += kafka.read_partitions(cluster, topic, {g: f.checkpoint.changelog_low for g, f in further.items()},
+                                         probe, ends={g: f.offset + 1 for g, f in further.items()})
+    for m in records:  # each partition's records in offset order, up to its checkpoint and no further
+        images[m.partition()].apply(m.key(), m.value(), m.offset())
+    read = len(records)
     for g, image in images.items():
         store.install(g, image.values(), image.offsets, ends[g])
     seconds = time.perf_counter() - started
@@ -63,20 +70,33 @@ def restore_groups(job: JobSettings, cluster: kafka.Cluster, store: WindowedStor
     return sorted(behind)
 
 
-def _newest_checkpoints(cluster: kafka.Cluster, topic: str, probe: str,
-                        ends: dict[int, int]) -> dict[int, tuple[GroupCheckpoint, int]]:
-    """Per group with a checkpoint in its changelog partition before `ends[g]`: the newest one and its offset."""
-    found: dict[int, tuple[GroupCheckpoint, int]] = {}
+@dataclass(frozen=True)
+class Newest:
+    """A changelog partition's newest checkpoint, its `offset`, and the tail read to find it
+    (`tail`: its records from `tail_start` on)."""
+
+    checkpoint: GroupCheckpoint
+    offset: int
+    tail_start: int
+    tail: list[Message]
+
+
+def _newest_checkpoints(cluster: kafka.Cluster, topic: str, probe: str, ends: dict[int, int]) -> dict[int, Newest]:
+    """Per group with a checkpoint in its changelog partition before `ends[g]`: the newest one."""
+    found: dict[int, Newest] = {}
     todo = {g: end for g, end in ends.items() if end > 0}
     span = TAIL_RECORDS
     while todo:
         starts = {g: max(0, end - span) for g, end in todo.items()}
+        tails: dict[int, list[Message]] = {g: [] for g in todo}
         for m in kafka.read_partitions(cluster, topic, starts, probe, ends=todo):
-            g = m.partition()
-            if g in todo and m.offset() < todo[g] and m.key() == checkpoint_key(g) and m.value() is not None:
-                checkpoint = GroupCheckpoint.decode(m.value())
-                if checkpoint is not None:
-                    found[g] = (checkpoint, m.offset())  # in offset order: the newest is the last one kept
+            tails[m.partition()].append(m)
+        for g, tail in tails.items():
+            checkpoints = [(m, GroupCheckpoint.decode(m.value())) for m in tail
+                           if m.key() == checkpoint_key(g) and m.value() is not None]
+            if checkpoints:
+                m, checkpoint = checkpoints[-1]  # in offset order: the newest is the last
+                found[g] = Newest(checkpoint, m.offset(), starts[g], tail)  # type: ignore[arg-type]
         todo = {g: end for g, end in todo.items() if g not in found and starts[g] > 0}
         span *= 8
     return found
