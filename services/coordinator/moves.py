@@ -152,6 +152,7 @@ class Moves:
         return moves
 
     def _spread(self, groups: list[int], receivers: list[str]) -> dict[int, str]:
+        """Each of `groups` to the receiver placed with the fewest groups, counting the earlier ones."""
         load = {w: sum(1 for o in self.owners.values() if o == w) for w in receivers}
         out = {}
         for g in groups:
@@ -161,6 +162,7 @@ class Moves:
         return out
 
     def _start(self, targets: dict[int, str], now: float) -> list[Placement]:
+        """Begin moving each group to its target at a new epoch; the records to store first."""
         if not targets:
             return []
         self.epoch += 1
