@@ -64,7 +64,7 @@ class Worker:
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
         self.epoch = 0  # placement epoch of the newest assignment applied
-        self.fenced: set[str] = set()  # dead workers whose transactions this one fenced
+        self.fenced: dict[str, int] = {}  # dead worker whose transactions this one fenced -> at which epoch
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int, int]]] = {}
         self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
@@ -156,23 +156,24 @@ class Worker:
             # An assignment older than one applied was overtaken (a move since): it would take
             # back a group this worker already let go of.
             if isinstance(msg, control.Assignment) and msg.worker == self.worker_id and msg.epoch >= self.epoch:
-                self._fence(set(msg.fence) - {self.worker_id})
+                self._fence(set(msg.fence) - {self.worker_id}, msg.epoch)
                 self._apply_assignment(set(msg.groups))
                 self.epoch = msg.epoch
                 self._heartbeat()  # at the new epoch: a sender's release is what ends its part of a move
 
-    def _fence(self, workers: set[str]) -> None:
-        """Fence the transactions of `workers` (declared dead, their groups now coming here):
+    def _fence(self, workers: set[str], epoch: int) -> None:
+        """Fence the transactions of `workers` (declared dead at placement `epoch` or before, their
+        groups now coming here), each once per epoch:
         initialising a producer with a worker's transactional id aborts its open transaction and
         fails every later commit of a producer that still uses it, so a worker that was only
         paused writes nothing more. Without transactions (`exactly_once: false`) there is nothing
         to fence with."""
         if not self.job.worker.exactly_once:
             return
-        for worker in sorted(workers - self.fenced):
+        for worker in sorted(w for w in workers if self.fenced.get(w, -1) < epoch):
             with self.stop_flag.interruptible():
                 kafka.fence_transactions(self.cluster, f"{self.job.job}-{worker}")
-            self.fenced.add(worker)
+            self.fenced[worker] = epoch
             metrics.FENCED.inc()
             log.warning("fenced a dead worker's transactions", worker=self.worker_id, fenced=worker)
 
