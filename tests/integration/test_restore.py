@@ -12,6 +12,7 @@ from pathlib import Path
 from streamjoin.launcher import input_end_offsets
 from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.main import Worker, stream_templates
+from streamjoin.services.worker import restore
 from streamjoin.services.worker.restore import restore_groups
 from streamjoin.settings import JobSettings, load
 from streamjoin.state.store import Store
@@ -65,9 +66,13 @@ def _restore_elsewhere(job: JobSettings, cluster: kafka.Cluster, writer: Worker,
     return read
 
 
-def test_restore_reads_grow_with_the_window_not_with_the_jobs_age(broker, tmp_path: Path) -> None:
+def test_restore_reads_grow_with_the_window_not_with_the_jobs_age(broker, tmp_path: Path, monkeypatch) -> None:
+    """The short window is rebuilt from the tail read to find the checkpoint; for the long one
+    the first look-back is cut to 4 records, so the search widens and the low mark lies
+    before the tail (a second read): both ways give the writer's windows."""
     reads: dict[tuple[int, int], int] = {}
     for window_ms in WINDOWS_MS:
+        monkeypatch.setattr(restore, "TAIL_RECORDS", 64 if window_ms == WINDOWS_MS[0] else 4)
         job = _job(broker.bootstrap, tmp_path, window_ms)
         cluster = kafka.Cluster.of(job)
         topics.ensure(cluster.admin(), job)
