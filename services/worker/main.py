@@ -68,6 +68,7 @@ class Worker:
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int, int]]] = {}
         self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
+        self.unsettled: dict[tuple[str, int], int] = {}  # idle partition -> offset it was found behind at
         self.heard: dict[int, np.ndarray] = {}  # group -> per stream, wall ms of its last record (or of assignment)
         self.idle_seen: dict[int, frozenset[int]] = {}  # group -> its idle streams at its last batch
         self.record_size = RecordSize()  # prices the consumer lag in bytes for the heartbeat's backlog
@@ -293,7 +294,9 @@ class Worker:
         Either way a drained partition would show lag for good. Only partitions with
         nothing pending are touched: every record before the consumer's position there is
         in a committed batch, so committing the position (or re-committing what a batch
-        committed) loses nothing and replays nothing."""
+        committed) loses nothing and replays nothing. A partition is committed only when two
+        heartbeats in a row found it behind at the same offset: right after a transaction
+        commits, the broker may still be writing its markers and answer with the offset before."""
         if not self.groups:
             return
         pending = {tp for buf in self.pending.values() for tp in buf.read_partitions()}
@@ -307,8 +310,10 @@ class Worker:
         except KafkaException:
             metrics.BROKER_ERRORS.labels("offset-fetch").inc()
             return  # the broker is away: the next heartbeat looks again
-        behind = [TopicPartition(t, p, o) for (t, p), o in known.items()
-                  if o >= 0 and (t, p) in self.committed and o > on_broker.get((t, p), -1)]
+        candidates = {(t, p): o for (t, p), o in known.items()
+                      if o >= 0 and (t, p) in self.committed and o > on_broker.get((t, p), -1)}
+        behind = [TopicPartition(t, p, o) for (t, p), o in candidates.items() if self.unsettled.get((t, p)) == o]
+        self.unsettled = candidates
         if not behind:
             return
         lost = [tp for tp in behind if on_broker.get((tp.topic, tp.partition), -1) < self.committed[(tp.topic, tp.partition)]]

@@ -70,12 +70,14 @@ def _cli(job_file: Path, bootstrap: str, *args: str) -> float:
 
 
 def _held(job, bootstrap: str) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
-    return {w["worker"]: w["held_groups"] for w in snapshot(job, kafka.Cluster(bootstrap))["workers"] if w["alive"]}
+    """Each worker's groups as its newest heartbeat says (alive or not: on a loaded machine a
+    heartbeat can be older than the timeout that `status` calls alive)."""
+    return {w["worker"]: w["held_groups"] for w in snapshot(job, kafka.Cluster(bootstrap))["workers"]}
 
 
 def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_path: Path) -> None:
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=3,
-                   partitions=PARTITIONS, coordinator={"heartbeat_timeout_ms": 3000, "worker_timeout_ms": 6000})
+                   partitions=PARTITIONS, coordinator={"heartbeat_timeout_ms": 4000, "worker_timeout_ms": 8000})
     fleet = fleet_for(job, 3)
     steady = SteadyInput(job, broker.bootstrap)
     steady.start()
@@ -108,7 +110,8 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
     print(f"migration: move {move_s:.1f} s, drain {drain_s:.1f} s, failover {failover_s:.1f} s "
           f"(worker_timeout_ms {job.coordinator.worker_timeout_ms}); moves done {done:.0f}, failed over "
           f"{failed_over:.0f}; {steady.rows} rows")
-    assert failed_over == len(orphans) and done >= 1 + PARTITIONS // 3
+    # At least the killed worker's groups; a loaded machine may stall another worker past the timeout too.
+    assert failed_over >= len(orphans) and done >= 1 + PARTITIONS // 3
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 1000
@@ -120,7 +123,7 @@ def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, 
     zombie) its next commit fails, it exits for a restart as a fresh worker, and nothing it
     wrote after the failover is visible: the output stays exact."""
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=2,
-                   partitions=PARTITIONS_SMALL, coordinator={"heartbeat_timeout_ms": 3000, "worker_timeout_ms": 6000})
+                   partitions=PARTITIONS_SMALL, coordinator={"heartbeat_timeout_ms": 4000, "worker_timeout_ms": 8000})
     fleet = fleet_for(job, 2)
     steady = SteadyInput(job, broker.bootstrap)
     steady.start()
