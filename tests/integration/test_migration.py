@@ -143,7 +143,7 @@ def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, 
         steady.stop_flag.set()
         steady.join(30)
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
-    assert _sample(fleet.metrics_ports["w0"], "streamjoin_fenced_workers_total", "") == 1
+    assert _sample(fleet.metrics_ports["w0"], "streamjoin_fenced_workers_total", "") >= 1
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 500
