@@ -34,14 +34,14 @@ def test_ensure_creates_topics_with_their_settings_and_check_finds_nothing(broke
     job = small_job("clean")
     admin = kafka.Cluster(broker.bootstrap).admin()
     assert sorted(topics.ensure(admin, job)) == sorted(t.name for t in topics.plan(job))
-    assert reported(admin, job.commits_topic) == {"cleanup.policy": "compact"}
+    assert reported(admin, job.commits_topic) == reported(admin, job.changelog_topic) == {"cleanup.policy": "compact"}
     assert reported(admin, job.dead_letter_topic)["retention.ms"] == str(30 * 86_400_000)
     replicas = admin.list_topics(timeout=10).topics[job.results_topic].partitions[0].replicas
     assert len(replicas) == 1  # replication factor -1: the broker's default
 
     report = topics.audit(admin, job)
     assert report.findings == [] and report.brokers == 1
-    assert {n.check: len(n.topics) for n in report.not_run} == {"retention.ms": 2, "min.insync.replicas": 9}
+    assert {n.check: len(n.topics) for n in report.not_run} == {"retention.ms": 2, "min.insync.replicas": 10}
 
 
 def test_a_ring_hop_topic_gets_the_ring_hop_settings(broker: EmbeddedBroker) -> None:
