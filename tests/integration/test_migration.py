@@ -75,12 +75,24 @@ def _held(job, bootstrap: str) -> dict[str, list[int]]:  # type: ignore[no-untyp
     return {w["worker"]: w["held_groups"] for w in snapshot(job, kafka.Cluster(bootstrap))["workers"]}
 
 
-def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_path: Path) -> None:
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=3,
-                   partitions=PARTITIONS, coordinator={"heartbeat_timeout_ms": 4000, "worker_timeout_ms": 8000})
-    fleet = fleet_for(job, 3)
+# Timeouts a loaded 2-core machine keeps: a slow worker is not failed over, a dead one is within seconds.
+TIMEOUTS = {"heartbeat_timeout_ms": 4000, "worker_timeout_ms": 8000}
+
+
+def _under_load(broker, fleet_for, tmp_path: Path, workers: int, partitions: int,  # type: ignore[no-untyped-def]
+                coordinator: dict):
+    """A job of 1 s windows with `workers` workers on `partitions` groups and the input already
+    flowing at RATE; (job, fleet, the input thread)."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=workers,
+                   partitions=partitions, coordinator=coordinator)
+    fleet = fleet_for(job, workers)
     steady = SteadyInput(job, broker.bootstrap)
     steady.start()
+    return job, fleet, steady
+
+
+def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_path: Path) -> None:
+    job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 3, PARTITIONS, TIMEOUTS)
     try:
         time.sleep(4)
         moved = next(g for g in _held(job, broker.bootstrap)["w0"])
@@ -122,11 +134,7 @@ def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, 
     over; the receiver fences its transactions first, so when it is continued (SIGCONT, a
     zombie) its next commit fails, it exits for a restart as a fresh worker, and nothing it
     wrote after the failover is visible: the output stays exact."""
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=2,
-                   partitions=PARTITIONS_SMALL, coordinator={"heartbeat_timeout_ms": 4000, "worker_timeout_ms": 8000})
-    fleet = fleet_for(job, 2)
-    steady = SteadyInput(job, broker.bootstrap)
-    steady.start()
+    job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL, TIMEOUTS)
     try:
         time.sleep(3)
         zombie = fleet.procs["w1"]
@@ -153,12 +161,8 @@ def test_adaptive_coordinator_scales_in_an_idle_job_through_the_protocol(broker,
     """coordinator.placement: adaptive on a light load: no worker is a supplier, so seed 000's
     degree of declustering shrinks: the worker with the least state is drained to standby
     by moves the coordinator starts itself; the output stays exact."""
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=2,
-                   partitions=PARTITIONS_SMALL,
-                   coordinator={"placement": "adaptive", "reorg_epoch_ms": 2000, "scale_cooldown_ms": 1000})
-    fleet = fleet_for(job, 2)
-    steady = SteadyInput(job, broker.bootstrap)
-    steady.start()
+    job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL,
+                                     {"placement": "adaptive", "reorg_epoch_ms": 2000, "scale_cooldown_ms": 1000})
     try:
         deadline = time.monotonic() + 90
         while not any(groups == [] for groups in _held(job, broker.bootstrap).values()):
