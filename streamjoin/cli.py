@@ -214,13 +214,18 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
 
 def _placement_request(s: JobSettings, request: object) -> None:
     """Send an operator's request to the coordinator (hash mode only)."""
-    from streamjoin.schemas import control
-
     if s.join.mode != "hash":
         console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; moving groups needs join.mode: hash")
         raise typer.Exit(2)
+    _send_control(s, request, b"request")
+
+
+def _send_control(s: JobSettings, message: object, key: bytes) -> None:
+    """Write `message` (a schemas.control model) to the job's control topic; exit 1 if the broker does not take it."""
+    from streamjoin.schemas import control
+
     p = _cluster(s).producer()
-    p.produce(s.control_topic, value=control.encode(request), key=b"request", partition=0)  # type: ignore[arg-type]
+    p.produce(s.control_topic, value=control.encode(message), key=key, partition=0)  # type: ignore[arg-type]
     if p.flush(30):
         console.print("[red]error:[/red] the broker did not take the request within 30 s")
         raise typer.Exit(1)
@@ -391,12 +396,7 @@ def _ring_change(action: str, worker_id: str, job: Path | None, bootstrap: str |
     if s.join.mode != "ring":
         console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; ring commands need join.mode: ring")
         raise typer.Exit(2)
-    p = _cluster(s).producer()
-    change = control.RingChange(action=action, worker=worker_id)  # type: ignore[arg-type]
-    p.produce(s.control_topic, value=control.encode(change), key=b"ring-change", partition=0)
-    if p.flush(30):
-        console.print("[red]error:[/red] the broker did not take the request within 30 s")
-        raise typer.Exit(1)
+    _send_control(s, control.RingChange(action=action, worker=worker_id), b"ring-change")  # type: ignore[arg-type]
     console.print(f"asked the coordinator to {action} {worker_id}; `streamjoin status` shows the ring")
 
 
