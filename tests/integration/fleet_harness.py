@@ -24,10 +24,12 @@ from tests.integration.kafka_harness import Row, commits, produce
 from tests.integration.tcp_proxy import Proxy
 
 
-def metric(port: int, name: str) -> float:
-    """The value of the unlabelled sample `name` the service on `port` serves."""
+def metric(port: int, name: str, labels: str = "") -> float:
+    """The value of the sample `name` the service on `port` serves: unlabelled, or with `labels`
+    as Prometheus prints them (e.g. 'outcome="done"')."""
+    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        samples = [line.split()[1] for line in response.read().decode().splitlines() if line.startswith(name + " ")]
+        samples = [line.split()[-1] for line in response.read().decode().splitlines() if line.startswith(prefix)]
     return float(samples[0])
 
 

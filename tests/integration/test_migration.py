@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from streamjoin.launcher import wait_drained
 from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import snapshot
 from tests.integration.conftest import make_job
+from tests.integration.fleet_harness import metric
 from tests.integration.kafka_harness import Row, check, produce
 
 pytestmark = pytest.mark.integration
@@ -28,15 +28,6 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 12
 PARTITIONS_SMALL = 4
 RATE = 400  # rows per second, event time about wall time
-
-
-def _sample(port: int, name: str, labels: str) -> float:
-    """A sample of the service on `port`: `labels` as Prometheus prints them (e.g.
-    'outcome="done"'), or "" for an unlabelled one."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        lines = response.read().decode().splitlines()
-    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
-    return sum(float(line.split()[-1]) for line in lines if line.startswith(prefix))
 
 
 class SteadyInput(threading.Thread):
@@ -117,8 +108,8 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
         steady.join(30)
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
     port = fleet.metrics_ports["coordinator"]
-    done, failed_over = (_sample(port, "streamjoin_migrations_total", 'outcome="done"'),
-                         _sample(port, "streamjoin_migrations_total", 'outcome="failover"'))
+    done, failed_over = (metric(port, "streamjoin_migrations_total", 'outcome="done"'),
+                         metric(port, "streamjoin_migrations_total", 'outcome="failover"'))
     print(f"migration: move {move_s:.1f} s, drain {drain_s:.1f} s, failover {failover_s:.1f} s "
           f"(worker_timeout_ms {job.coordinator.worker_timeout_ms}); moves done {done:.0f}, failed over "
           f"{failed_over:.0f}; {steady.rows} rows")
@@ -151,7 +142,7 @@ def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, 
         steady.stop_flag.set()
         steady.join(30)
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
-    assert _sample(fleet.metrics_ports["w0"], "streamjoin_fenced_workers_total", "") >= 1
+    assert metric(fleet.metrics_ports["w0"], "streamjoin_fenced_workers_total") >= 1
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 500
@@ -175,7 +166,7 @@ def test_adaptive_coordinator_scales_in_an_idle_job_through_the_protocol(broker,
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
     held = _held(job, broker.bootstrap)
     assert sorted(g for groups in held.values() for g in groups) == list(range(PARTITIONS_SMALL)), held
-    assert _sample(fleet.metrics_ports["coordinator"], "streamjoin_migrations_total", 'outcome="done"') >= 1
+    assert metric(fleet.metrics_ports["coordinator"], "streamjoin_migrations_total", 'outcome="done"') >= 1
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 200
