@@ -46,7 +46,8 @@ class Finished:
 class Moves:
     """The placement and the moves in flight. `owners`: group -> the worker it is placed on
     (during a move, the receiver); `moving`: group -> its sender, while it has not released
-    it; `arriving`: groups released and not yet held by their receiver, with their start."""
+    it; `arriving`: groups released and not yet held by their receiver; `started`: when each
+    move in flight began (a group failed over again on its way keeps its first start)."""
 
     owners: dict[int, str]
     moving: dict[int, str]
@@ -55,7 +56,7 @@ class Moves:
     senders: dict[int, str] = field(default_factory=dict)  # group -> where its move began, until it ends
     move_epochs: dict[int, int] = field(default_factory=dict)  # group -> the epoch its move began at
     started: dict[int, float] = field(default_factory=dict)
-    arriving: dict[int, float] = field(default_factory=dict)
+    arriving: set[int] = field(default_factory=set)
     fenced_from: dict[int, str] = field(default_factory=dict)  # arriving group -> the dead worker it left
     last_bytes: dict[int, int] = field(default_factory=dict)
 
@@ -110,7 +111,7 @@ class Moves:
         records = self._start(self._spread(orphans, receivers), now)
         for g in orphans:  # nobody to release them: they are on their way at once
             self.fenced_from[g] = self.moving.pop(g)
-            self.arriving[g] = self.arriving.get(g, now)
+            self.arriving.add(g)
         return [r.model_copy(update={"moving_from": None}) for r in records]
 
     def on_heartbeat(self, beat: Heartbeat, dead: list[str], now: float) -> tuple[list[Placement], list[Finished]]:
@@ -127,12 +128,12 @@ class Moves:
             sender = self.moving.pop(g)
             if sender in dead:
                 self.fenced_from[g] = sender
-            self.arriving[g] = self.started.get(g, now)
+            self.arriving.add(g)
             records.append(Placement(group=g, worker=self.owners[g], epoch=self.epoch))
         finished = []
-        for g in [g for g in self.arriving if self.owners[g] == beat.worker and g in beat.groups]:
-            start = self.arriving.pop(g)
-            self.started.pop(g, None)
+        for g in [g for g in sorted(self.arriving) if self.owners[g] == beat.worker and g in beat.groups]:
+            self.arriving.discard(g)
+            start = self.started.pop(g, now)
             self.fenced_from.pop(g, None)
             finished.append(Finished(g, self.senders.pop(g, ""), beat.worker, now - start, self.last_bytes.pop(g, 0)))
         return records, finished
@@ -171,6 +172,6 @@ class Moves:
             sender = self.owners[g]
             self.owners[g], self.moving[g] = to, sender
             self.senders[g], self.move_epochs[g] = sender, self.epoch
-            self.started[g] = now
+            self.started.setdefault(g, now)
             records.append(Placement(group=g, worker=to, epoch=self.epoch, moving_from=sender))
         return records
