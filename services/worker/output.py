@@ -82,10 +82,13 @@ def flush(producer: Producer, deliveries: Deliveries) -> None:
 
 def _flushed(producer: Producer) -> int:
     """producer.flush(30). A transactional producer fenced by a newer one with its id (this
-    worker was declared dead) makes confluent-kafka's flush raise a bare SystemError (seen
-    with 2.x on Tansu and the librdkafka log saying "fenced"): reported as the fatal error it is."""
+    worker was declared dead) makes confluent-kafka's flush raise a bare SystemError or the
+    KafkaError itself instead of a KafkaException (both seen on Tansu): reported as the
+    KafkaException it is, so the caller's fatal-error handling applies."""
     try:
         return producer.flush(30)
+    except KafkaError as e:  # raised bare by the same path on some runs (seen in CI)
+        raise KafkaException(e) from None
     except SystemError as e:
         raise KafkaException(KafkaError(KafkaError._FENCED, f"producer failed fatally in flush: {e}",
                                         fatal=True)) from e
