@@ -87,10 +87,10 @@ def _flushed(producer: Producer) -> int:
     KafkaException it is, so the caller's fatal-error handling applies."""
     try:
         return producer.flush(30)
-    except KafkaError as e:  # raised bare by the same path on some runs (seen in CI)
-        raise KafkaException(e) from None
-    except SystemError as e:
-        raise KafkaException(KafkaError(KafkaError._FENCED, f"producer failed fatally in flush: {e}",
+    except KafkaException:
+        raise
+    except Exception as e:  # noqa: BLE001 - SystemError, or the KafkaError raised bare (both seen in CI)
+        raise KafkaException(KafkaError(KafkaError._FENCED, f"producer failed fatally in flush: {e!r}",
                                         fatal=True)) from e
 
 
