@@ -102,6 +102,9 @@ class Assignment(BaseModel):
     fence: list[str] = Field(default_factory=list)
 
 
+FIRST_EPOCH = 1  # the placement epoch of a job's first placement; every move makes a newer one
+
+
 class Placement(BaseModel):
     """One group's owner; the compacted topic's latest value per group is the placement."""
 
@@ -112,6 +115,11 @@ class Placement(BaseModel):
     # let go of it and the receiver is not given it until the sender has (a heartbeat at
     # this epoch or later without it), or the sender is dead.
     moving_from: str | None = None
+    # Set from a failover until the receiver holds the group: the workers declared dead that may
+    # have held it since it was last held for sure (a dead sender, a receiver that died on the
+    # way), whose transactions the receiver fences first (a restarted coordinator must still
+    # say so).
+    dead_owners: list[str] = Field(default_factory=list)
 
 
 ControlMessage = Heartbeat | Assignment | RingLayout | RingChange | RingStart | RingFailed | MoveGroup | DrainWorker

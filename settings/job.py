@@ -255,6 +255,37 @@ class CoordinatorSpec(_Strict):
         return self
 
 
+# The protocol steps a process can be made to crash at (FaultSpec), each between two durable
+# actions of seed 003's migration protocol (services/coordinator/moves.py says which).
+CRASH_STEPS = {
+    "coordinator": ("move-stored", "release-stored", "failover-stored"),
+    "worker": ("sender-committed", "receiver-fenced", "receiver-restored", "receiver-recovered"),
+}
+
+
+class FaultSpec(_Strict):
+    """Fault injection for crash tests and drills: each entry 'PROCESS:STEP' makes the named
+    process (`coordinator`, or a worker id) kill itself with SIGKILL the first time it reaches
+    STEP; a marker file under `<worker.state_dir>/faults/` records the crash, so the restarted
+    process goes on. Empty (the default) in production."""
+
+    crash_at: list[str] = Field(
+        default_factory=list,
+        description="'coordinator:STEP' or 'WORKER_ID:STEP'; coordinator steps: "
+                    f"{', '.join(CRASH_STEPS['coordinator'])}; worker steps: {', '.join(CRASH_STEPS['worker'])}")
+
+    @field_validator("crash_at")
+    @classmethod
+    def _known_steps(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            process, _, step = entry.partition(":")
+            steps = CRASH_STEPS["coordinator" if process == "coordinator" else "worker"]
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", process) or step not in steps:
+                raise ValueError(f"{entry!r} is not PROCESS:STEP with a step of {process or 'the process'} "
+                                 f"({', '.join(steps)})")
+        return v
+
+
 class WorkloadSpec(_Strict):
     """Generated workloads, all with Poisson arrivals:
     equijoin  seed 000: b-model keys over `domain`, `tuple_bytes`-sized JSON tuples;
@@ -295,6 +326,7 @@ class JobSettings(BaseModel):
     ring: RingSpec = RingSpec()
     workload: WorkloadSpec = WorkloadSpec()
     output: OutputSpec = OutputSpec()
+    faults: FaultSpec = FaultSpec()
     topics: TopicsSpec = Field(
         default_factory=TopicsSpec,
         description="replication, min.insync.replicas, retention, cleanup policy and other configs per topic role")
@@ -529,5 +561,6 @@ class _EnvOnly(BaseSettings):
     ring: dict[str, Any] | None = None
     workload: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
+    faults: dict[str, Any] | None = None
     topics: dict[str, Any] | None = None
     # kafka: read by streamjoin.settings.kafka.from_environment, which keeps secrets as {env:} references.

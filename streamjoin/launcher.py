@@ -98,11 +98,17 @@ class Fleet:
                     proc.kill()
 
     def supervise(self) -> None:
-        """Restart workers that exited on their own (called from the waiting loops); not a ring
-        node that exited with RING_FENCED_EXIT (it would only be fenced again)."""
+        """Restart services that exited on their own (called from the waiting loops), as
+        Kubernetes would: the coordinator always (a Deployment), a worker while
+        `restart_workers` (a StatefulSet), but not a ring node that exited with
+        RING_FENCED_EXIT (it would only be fenced again)."""
         for name, proc in list(self.procs.items()):
-            if (proc.poll() is not None and name != "coordinator" and self.restart_workers
-                    and proc.returncode != RING_FENCED_EXIT):
+            if proc.poll() is None:
+                continue
+            if name == "coordinator":
+                self.restarts += 1
+                self.start_coordinator()
+            elif self.restart_workers and proc.returncode != RING_FENCED_EXIT:
                 self.restarts += 1
                 self.start_worker(name)
 

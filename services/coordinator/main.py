@@ -16,7 +16,7 @@ import structlog
 from confluent_kafka import OFFSET_END, TopicPartition
 
 from streamjoin.schemas import control
-from streamjoin.services import kafka, metrics
+from streamjoin.services import faults, kafka, metrics
 from streamjoin.services.coordinator import placement as placing
 from streamjoin.services.coordinator.adapt import History, Plan, plan_epoch
 from streamjoin.services.coordinator.moves import Finished, Moves
@@ -127,20 +127,22 @@ class Coordinator:
             return
         if self.moves is None and len(self.alive()) >= self.job.coordinator.expected_workers:
             placement = placing.round_robin(self.alive(), self.job.partitions)
-            placing.store(self.job, self.out, placement, 1)
-            self.moves = Moves(placement, {}, 1)
-            log.info("placement made", workers=self.alive(), epoch=1)
+            placing.store(self.job, self.out, placement, control.FIRST_EPOCH)
+            self.moves = Moves(placement, {}, control.FIRST_EPOCH)
+            log.info("placement made", workers=self.alive(), epoch=control.FIRST_EPOCH)
         if self.moves is None:
             return
-        released, finished = self.moves.on_heartbeat(beat, self.dead(), now)
-        if released:
-            placing.store_records(self.job, self.out, released)
-            log.info("groups released", groups=[r.group for r in released], by=beat.worker)
+        records, finished = self.moves.on_heartbeat(beat, self.dead(), now)
+        if records:
+            placing.store_records(self.job, self.out, records)
+            log.info("moves advanced", groups=[r.group for r in records], by=beat.worker)
+            faults.reach("release-stored")
         for f in finished:
             self._finished(f)
         if self.moves.needs_assignment(beat):
             self._assign(beat.worker)
-        for worker in sorted({r.worker for r in released}):
+        ended = {f.group for f in finished}
+        for worker in sorted({r.worker for r in records if r.group not in ended}):
             self._assign(worker)  # a receiver need not wait for its next heartbeat
 
     def _assign(self, worker: str) -> None:
@@ -169,6 +171,7 @@ class Coordinator:
         placing.store_records(self.job, self.out, outcome)  # type: ignore[arg-type]
         log.info("moves started", request=request.type, epoch=self.moves.epoch,  # type: ignore[union-attr]
                  moves=[f"{r.group}:{r.moving_from}->{r.worker}" for r in outcome])  # type: ignore[union-attr]
+        faults.reach("move-stored")
         for sender in sorted({r.moving_from for r in outcome if r.moving_from}):  # type: ignore[union-attr]
             self._assign(sender)  # the sender lets go now, not at its next heartbeat
 
@@ -183,6 +186,7 @@ class Coordinator:
             metrics.MIGRATIONS.labels("failover").inc(len(records))
             log.warning("failover: dead workers' groups given to live ones", dead=dead, epoch=self.moves.epoch,
                         moves=[f"{r.group}->{r.worker}" for r in records])
+            faults.reach("failover-stored")
             for worker in sorted({r.worker for r in records}):
                 self._assign(worker)
 
@@ -243,4 +247,5 @@ class Coordinator:
 
 
 def run_coordinator(job: JobSettings, cluster: kafka.Cluster, metrics_port: int | None = None) -> None:
+    faults.install(job, "coordinator")
     Coordinator(job, cluster, metrics_port).run()

@@ -57,7 +57,8 @@ class Moves:
     move_epochs: dict[int, int] = field(default_factory=dict)  # group -> the epoch its move began at
     started: dict[int, float] = field(default_factory=dict)
     arriving: set[int] = field(default_factory=set)
-    fenced_from: dict[int, str] = field(default_factory=dict)  # arriving group -> the dead worker it left
+    # arriving group -> the dead workers that may hold an open transaction on it
+    fenced_from: dict[int, set[str]] = field(default_factory=dict)
     last_bytes: dict[int, int] = field(default_factory=dict)
 
     def wanted(self, worker: str) -> list[int]:
@@ -67,7 +68,7 @@ class Moves:
     def to_fence(self, worker: str) -> list[str]:
         """Dead workers whose transactions `worker` must fence before recovering groups it is
         given: those that held them last and did not release them."""
-        return sorted({self.fenced_from[g] for g in self.wanted(worker) if g in self.fenced_from})
+        return sorted(set().union(*(self.fenced_from.get(g, set()) for g in self.wanted(worker))))
 
     def needs_assignment(self, beat: Heartbeat) -> bool:
         """Whether the worker that sent `beat` should be told its groups: it holds others, or it
@@ -110,13 +111,14 @@ class Moves:
             return []
         records = self._start(self._spread(orphans, receivers), now)
         for g in orphans:  # nobody to release them: they are on their way at once
-            self.fenced_from[g] = self.moving.pop(g)
+            self.fenced_from.setdefault(g, set()).add(self.moving.pop(g))
             self.arriving.add(g)
-        return [r.model_copy(update={"moving_from": None}) for r in records]
+        return [r.model_copy(update={"moving_from": None, "dead_owners": sorted(self.fenced_from[r.group])})
+                for r in records]
 
     def on_heartbeat(self, beat: Heartbeat, dead: list[str], now: float) -> tuple[list[Placement], list[Finished]]:
-        """Releases this heartbeat (or a sender's death) completes, as records to store, and
-        the moves its groups end."""
+        """The records to store (releases this heartbeat or a sender's death completes, and the
+        end of failovers, whose records no longer name the dead owner) and the moves its groups end."""
         for g, size in beat.group_bytes.items():
             if self.moving.get(g) == beat.worker:
                 self.last_bytes[g] = size
@@ -127,14 +129,16 @@ class Moves:
         for g in released:
             sender = self.moving.pop(g)
             if sender in dead:
-                self.fenced_from[g] = sender
+                self.fenced_from.setdefault(g, set()).add(sender)
             self.arriving.add(g)
-            records.append(Placement(group=g, worker=self.owners[g], epoch=self.epoch))
+            records.append(Placement(group=g, worker=self.owners[g], epoch=self.epoch,
+                                     dead_owners=sorted(self.fenced_from.get(g, ()))))
         finished = []
         for g in [g for g in sorted(self.arriving) if self.owners[g] == beat.worker and g in beat.groups]:
             self.arriving.discard(g)
             start = self.started.pop(g, now)
-            self.fenced_from.pop(g, None)
+            if self.fenced_from.pop(g, None):
+                records.append(Placement(group=g, worker=beat.worker, epoch=self.epoch))
             finished.append(Finished(g, self.senders.pop(g, ""), beat.worker, now - start, self.last_bytes.pop(g, 0)))
         return records, finished
 
@@ -150,6 +154,12 @@ class Moves:
                     max((r.epoch for r in records.values()), default=0))
         for g, sender in moves.moving.items():
             moves.senders[g], moves.move_epochs[g], moves.started[g] = sender, records[g].epoch, now
+        for g, r in records.items():
+            if r.dead_owners:  # not held since a failover: its next receiver still fences
+                moves.fenced_from[g] = set(r.dead_owners)
+            if r.dead_owners and not r.moving_from:
+                moves.senders[g], moves.started[g] = r.dead_owners[0], now
+                moves.arriving.add(g)
         return moves
 
     def _spread(self, groups: list[int], receivers: list[str]) -> dict[int, str]:
@@ -173,5 +183,6 @@ class Moves:
             self.owners[g], self.moving[g] = to, sender
             self.senders[g], self.move_epochs[g] = sender, self.epoch
             self.started.setdefault(g, now)
-            records.append(Placement(group=g, worker=to, epoch=self.epoch, moving_from=sender))
+            records.append(Placement(group=g, worker=to, epoch=self.epoch, moving_from=sender,
+                                     dead_owners=sorted(self.fenced_from.get(g, ()))))
         return records

@@ -20,7 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaExcep
 
 from streamjoin.engine.window_join import template
 from streamjoin.schemas import control
-from streamjoin.services import kafka, metrics
+from streamjoin.services import faults, kafka, metrics
 from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.services.worker.backlog import RecordSize, backlog_bytes
 from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of, routing_for
@@ -157,32 +157,39 @@ class Worker:
             # An assignment older than one applied was overtaken (a move since): it would take
             # back a group this worker already let go of.
             if isinstance(msg, control.Assignment) and msg.worker == self.worker_id and msg.epoch >= self.epoch:
-                self._fence(set(msg.fence) - {self.worker_id}, msg.epoch)
+                if self._fence(set(msg.fence) - {self.worker_id}, msg.epoch):
+                    faults.reach("receiver-fenced")
+                arriving = set(msg.groups) - self.groups
                 self._apply_assignment(set(msg.groups))
+                if arriving and msg.epoch > control.FIRST_EPOCH:  # moved here: the first placement moves none
+                    faults.reach("receiver-recovered")
                 self.epoch = msg.epoch
                 self._heartbeat()  # at the new epoch: a sender's release is what ends its part of a move
 
-    def _fence(self, workers: set[str], epoch: int) -> None:
+    def _fence(self, workers: set[str], epoch: int) -> list[str]:
         """Fence the transactions of `workers` (declared dead at placement `epoch` or before, their
         groups now coming here), each once per epoch:
         initialising a producer with a worker's transactional id aborts its open transaction and
         fails every later commit of a producer that still uses it, so a worker that was only
         paused writes nothing more. Without transactions (`exactly_once: false`) there is nothing
-        to fence with."""
+        to fence with. Returns the workers fenced now."""
         if not self.job.worker.exactly_once:
-            return
-        for worker in sorted(w for w in workers if self.fenced.get(w, -1) < epoch):
+            return []
+        fencing = sorted(w for w in workers if self.fenced.get(w, -1) < epoch)
+        for worker in fencing:
             with self.stop_flag.interruptible():
                 kafka.fence_transactions(self.cluster, f"{self.job.job}-{worker}")
             self.fenced[worker] = epoch
             metrics.FENCED.inc()
             log.warning("fenced a dead worker's transactions", worker=self.worker_id, fenced=worker)
+        return fencing
 
     def _apply_assignment(self, wanted: set[int]) -> None:
         removed, added = self.groups - wanted, wanted - self.groups
         if self.pending:
             self._cycle()  # finish in-flight tuples under the old assignment first
         if removed:
+            faults.reach("sender-committed")
             self.consumer.incremental_unassign(self._partitions(removed))
             for g in removed:
                 self.store.forget(g)
@@ -420,4 +427,5 @@ def exit_if_fenced(error: KafkaException) -> None:
 
 
 def run_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
+    faults.install(job, worker_id)
     Worker(job, cluster, worker_id, metrics_port).run()

@@ -28,7 +28,7 @@ from streamjoin.engine.window_join import JoinPlan
 from streamjoin.schemas.result_codec import decode_results, result_layout
 from streamjoin.schemas.results import (H_OFFSET, H_PARTITION, H_TOPIC, RESULT_ID_HI, RESULT_ID_LO, BatchCommit,
                                         decode_commit, decode_headers)
-from streamjoin.services import kafka, metrics
+from streamjoin.services import faults, kafka, metrics
 from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of
 from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import run_cycle
@@ -54,6 +54,8 @@ def recover_groups(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, sto
     read_to_end = [job.commits_topic, job.dead_letter_topic] + ([job.changelog_topic] if job.worker.changelog else [])
     ends = kafka.end_offsets(cluster, [(topic, g) for topic in read_to_end for g in groups], probe)
     restored = restore_groups(job, cluster, store, groups, ends)
+    if restored:
+        faults.reach("receiver-restored")
     checkpoints = {g: store.get(g).checkpoint for g in groups}
     boundary = [tp for g in restored for tp in _offsets(checkpoints[g].end)]
     if boundary:  # the group's offsets say where its state is; batches replayed below move them on

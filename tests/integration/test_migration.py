@@ -1,8 +1,9 @@
 """Groups that move, through the real parts: three worker processes on the embedded
 broker under a steady input rate; `streamjoin move` and `streamjoin drain` (the CLI,
 as an operator runs them) mid-stream, then a worker SIGKILLed and never restarted, its
-groups failed over to the live one. The output is checked exactly against the
-plain-Python reference; the move's, the drain's and the failover's times are printed."""
+groups failed over to the live one; then the same protocol with a process killed at each
+of its steps. The output is checked exactly against the plain-Python reference (and Spark
+`verify` for the first); the move's, the drain's and the failover's times are printed."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from streamjoin.launcher import wait_drained
 from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import snapshot
+from streamjoin.services.faults import marker_dir
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import metric
 from tests.integration.kafka_harness import Row, check, produce
@@ -71,17 +73,19 @@ TIMEOUTS = {"heartbeat_timeout_ms": 4000, "worker_timeout_ms": 8000}
 
 
 def _under_load(broker, fleet_for, tmp_path: Path, workers: int, partitions: int,  # type: ignore[no-untyped-def]
-                coordinator: dict):
+                coordinator: dict, crash_at: tuple[str, ...] = ()):
     """A job of 1 s windows with `workers` workers on `partitions` groups and the input already
-    flowing at RATE; (job, fleet, the input thread)."""
+    flowing at RATE, its processes crashing at the `crash_at` steps (faults.crash_at); (job,
+    fleet, the input thread)."""
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}, {"range_ms": 1000}], workers=workers,
-                   partitions=partitions, coordinator=coordinator)
+                   partitions=partitions, coordinator=coordinator, faults={"crash_at": list(crash_at)})
     fleet = fleet_for(job, workers)
     steady = SteadyInput(job, broker.bootstrap)
     steady.start()
     return job, fleet, steady
 
 
+@pytest.mark.spark
 def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_path: Path) -> None:
     job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 3, PARTITIONS, TIMEOUTS)
     try:
@@ -118,6 +122,11 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 1000
+    from streamjoin.services.spark.verify import run_verify
+
+    verdict = run_verify(job, kafka.Cluster(broker.bootstrap))  # the independent oracle agrees
+    assert verdict["verified"], {k: verdict[k] for k in ("missing", "extra", "duplicates", "bad_ids", "lost")}
+    assert verdict["results"] == verdict["expected"] == result.expected
 
 
 def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, tmp_path: Path) -> None:
@@ -170,3 +179,79 @@ def test_adaptive_coordinator_scales_in_an_idle_job_through_the_protocol(broker,
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 200
+
+
+# Every step of the protocol a process can die at (settings.job.CRASH_STEPS), in the order one
+# move reaches them: the coordinator after storing the move, the sender after its last
+# transaction, the coordinator after storing the release, the receiver after restoring the
+# changelog and after replaying, before the heartbeat that ends the move.
+MOVE_CRASHES = ("coordinator:move-stored", "w0:sender-committed", "coordinator:release-stored",
+                "w1:receiver-restored", "w1:receiver-recovered")
+# A failover's: the coordinator after storing it, the receiver after fencing the dead worker.
+FAILOVER_CRASHES = ("coordinator:failover-stored", "w0:receiver-fenced")
+
+
+def _settle(job, bootstrap: str, fleet, crashes: tuple[str, ...], done, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Restart whatever crashed (as Kubernetes would) until every crash in `crashes` has
+    happened and `done(held)` holds for the workers' heartbeats."""
+    deadline = time.monotonic() + 150
+    while True:
+        fleet.supervise()
+        crashed = {entry for entry in crashes if (marker_dir(job) / entry).exists()}
+        if crashed == set(crashes) and done(_held(job, bootstrap)):
+            return
+        assert time.monotonic() < deadline, f"{what}: crashes {sorted(crashed)} of {crashes}; held {_held(job, bootstrap)}"
+        time.sleep(0.5)
+
+
+def _one_owner_each(job, bootstrap: str, fleet, alive: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """After the input stopped: drained, and every group held by exactly one live worker."""
+    wait_drained(job, bootstrap, fleet, timeout=180)
+    held = _held(job, bootstrap)
+    assert sorted(g for w in alive for g in held.get(w, [])) == list(range(job.partitions)), held
+
+
+def test_a_move_stays_exact_with_a_crash_at_every_step(broker, fleet_for, tmp_path: Path) -> None:
+    """One move of a group from w0 to w1 under load, while the coordinator, the sender and the
+    receiver are each killed (SIGKILL, by faults.crash_at) at every step the move reaches and
+    restarted: the move completes, each group has one owner and the output is exact."""
+    job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL, TIMEOUTS, MOVE_CRASHES)
+    try:
+        time.sleep(2)
+        moved = _held(job, broker.bootstrap)["w0"][0]
+        _cli(fleet.job_file, broker.bootstrap, "move", str(moved), "--to", "w1", "--wait", "0")
+        _settle(job, broker.bootstrap, fleet, MOVE_CRASHES, lambda held: moved in held.get("w1", []), "the move")
+        time.sleep(2)
+    finally:
+        steady.stop_flag.set()
+        steady.join(30)
+    _one_owner_each(job, broker.bootstrap, fleet, ["w0", "w1"])
+    assert fleet.restarts >= len(MOVE_CRASHES)  # each crash was a real process exit, restarted
+    # The receiver rebuilt the group from the changelog (in the incarnation killed right after).
+    assert "groups restored from the changelog" in (fleet.log_dir / "w1.log").read_text()
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 300
+
+
+def test_a_failover_stays_exact_with_a_crash_at_every_step(broker, fleet_for, tmp_path: Path) -> None:
+    """w1 SIGKILLed and never restarted; its groups fail over to w0 while the coordinator dies
+    right after storing the failover and w0 right after fencing w1: the restarted coordinator
+    still has w0 fence w1 (the placement records name the dead owner), the groups end on w0
+    and the output is exact."""
+    job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL, TIMEOUTS, FAILOVER_CRASHES)
+    try:
+        time.sleep(3)
+        fleet.kill("w1", signal.SIGKILL)
+        _settle(job, broker.bootstrap, fleet, FAILOVER_CRASHES,
+                lambda held: sorted(held.get("w0", [])) == list(range(PARTITIONS_SMALL)), "the failover")
+        time.sleep(2)
+    finally:
+        steady.stop_flag.set()
+        steady.join(30)
+    _one_owner_each(job, broker.bootstrap, fleet, ["w0"])
+    assert fleet.restarts >= len(FAILOVER_CRASHES)
+    assert metric(fleet.metrics_ports["w0"], "streamjoin_fenced_workers_total") >= 1  # fenced again after its crash
+    result = check(job, broker.bootstrap)
+    assert result.exact, result
+    assert result.expected > 300
