@@ -48,7 +48,7 @@ class BatchCommit(BaseModel):
     watermark: int  # the group's watermark after the batch
     results: int
     worker: str
-    epoch: int = 0
+    epoch: int = 0  # the placement epoch its worker held the group at (who decided it, for audits)
     now_ms: int | None = None  # the wall clock the batch was decided at: replay judges join.max_future_ms by it
 
 

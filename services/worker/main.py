@@ -163,7 +163,8 @@ class Worker:
                 self._apply_assignment(set(msg.groups))
                 if arriving and msg.epoch > control.FIRST_EPOCH:  # moved here: the first placement moves none
                     faults.reach("receiver-recovered")
-                self.epoch = msg.epoch
+                # Set after the assignment: the last batches of groups let go of were decided at the old epoch.
+                self.epoch = self.emitter.epoch = msg.epoch
                 self._heartbeat()  # at the new epoch: a sender's release is what ends its part of a move
 
     def _fence(self, workers: set[str], epoch: int) -> list[str]:

@@ -198,6 +198,7 @@ class Emitter:
         self.job = job
         self.producer = producer
         self.worker_id = worker_id
+        self.epoch = 0  # the placement epoch the worker holds its groups at: stamped on every batch commit
         self.transactional = job.worker.exactly_once
         self.deliveries = Deliveries()
         self.results = ResultWriter(job, producer, self.deliveries, every_report=not self.transactional)
@@ -294,7 +295,7 @@ class Emitter:
 
     def produce_commit(self, b: GroupBatch) -> None:
         commit = BatchCommit(group=b.group, seq=b.seq, end=b.end, watermark=b.watermark, results=len(b.results),
-                             worker=self.worker_id, now_ms=b.now_ms)
+                             worker=self.worker_id, epoch=self.epoch, now_ms=b.now_ms)
         self.producer.produce(self.job.commits_topic, value=commit.model_dump_json().encode(),
                               key=str(b.group).encode(), partition=b.group, on_delivery=self.deliveries.report)
 

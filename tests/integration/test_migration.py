@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 
 from streamjoin.launcher import wait_drained
+from streamjoin.schemas.control import FIRST_EPOCH
+from streamjoin.schemas.results import BatchCommit
 from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import snapshot
 from streamjoin.services.faults import marker_dir
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import metric
-from tests.integration.kafka_harness import Row, check, produce
+from tests.integration.kafka_harness import Row, check, commits, produce
 
 pytestmark = pytest.mark.integration
 
@@ -191,16 +193,18 @@ MOVE_CRASHES = ("coordinator:move-stored", "w0:sender-committed", "coordinator:r
 FAILOVER_CRASHES = ("coordinator:failover-stored", "w0:receiver-fenced")
 
 
-def _settle(job, bootstrap: str, fleet, crashes: tuple[str, ...], done, what: str) -> None:  # type: ignore[no-untyped-def]
+def _settle(job, bootstrap: str, fleet, crashes: tuple[str, ...],  # type: ignore[no-untyped-def]
+            done, what: str) -> None:
     """Restart whatever crashed (as Kubernetes would) until every crash in `crashes` has
     happened and `done(held)` holds for the workers' heartbeats."""
     deadline = time.monotonic() + 150
     while True:
         fleet.supervise()
         crashed = {entry for entry in crashes if (marker_dir(job) / entry).exists()}
-        if crashed == set(crashes) and done(_held(job, bootstrap)):
+        held = _held(job, bootstrap)
+        if crashed == set(crashes) and done(held):
             return
-        assert time.monotonic() < deadline, f"{what}: crashes {sorted(crashed)} of {crashes}; held {_held(job, bootstrap)}"
+        assert time.monotonic() < deadline, f"{what}: crashes {sorted(crashed)} of {crashes}; held {held}"
         time.sleep(0.5)
 
 
@@ -229,6 +233,10 @@ def test_a_move_stays_exact_with_a_crash_at_every_step(broker, fleet_for, tmp_pa
     assert fleet.restarts >= len(MOVE_CRASHES)  # each crash was a real process exit, restarted
     # The receiver rebuilt the group from the changelog (in the incarnation killed right after).
     assert "groups restored from the changelog" in (fleet.log_dir / "w1.log").read_text()
+    # Every batch commit says at which placement epoch its worker held the group.
+    epochs = {(c.worker, c.epoch) for c in commits(job, broker.bootstrap)
+              if isinstance(c, BatchCommit) and c.group == moved}
+    assert {e for w, e in epochs if w == "w0"} == {FIRST_EPOCH} and min(e for w, e in epochs if w == "w1") > FIRST_EPOCH
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 300
