@@ -273,6 +273,14 @@ def arrivals(cluster: kafka.Cluster, job: JobSettings, topic: str) -> tuple[np.n
 
 def result_delays(cluster: kafka.Cluster, job: JobSettings) -> tuple[np.ndarray, np.ndarray]:
     """Per result: production delay (ms) and the Kafka timestamp of its newest input."""
+    timing = result_timings(cluster, job)
+    return timing["delay_ms"], timing["newest_ms"]
+
+
+def result_timings(cluster: kafka.Cluster, job: JobSettings) -> dict[str, np.ndarray]:
+    """Per result, in one read of the topics: `delay_ms` (produced_ms minus `newest_ms`, the
+    Kafka timestamp of its newest input), `produced_ms`, and `group`: its first stream's input
+    partition, which is its partition group when the inputs are co-partitioned."""
     refs = [c for s in job.streams for c in ref_columns(s.name)[:2]]
     res = read_results(cluster, job, [PRODUCED_MS, *refs])
     newest = np.full(len(res[PRODUCED_MS]), np.iinfo(np.int64).min)
@@ -280,4 +288,6 @@ def result_delays(cluster: kafka.Cluster, job: JobSettings) -> tuple[np.ndarray,
         keys, ts = arrivals(cluster, job, job.topic_of(spec))
         part, off = (res[c].astype(np.int64) for c in ref_columns(spec.name)[:2])
         newest = np.maximum(newest, ts[np.searchsorted(keys, (part << 40) | off)])
-    return (res[PRODUCED_MS] - newest).astype(np.float64), newest
+    produced = res[PRODUCED_MS].astype(np.int64)
+    return {"delay_ms": (produced - newest).astype(np.float64), "newest_ms": newest, "produced_ms": produced,
+            "group": res[refs[0]].astype(np.int64)}
