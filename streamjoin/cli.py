@@ -424,7 +424,8 @@ def schema_results(job: JobOpt = None) -> None:
 
 @app.command()
 def bench(
-    workload: Annotated[str, typer.Argument(help="equijoin | band | psp")],
+    workload: Annotated[str, typer.Argument(
+        help="equijoin | band | psp | adapt (groups that move: migration, failover, skew, rate ramp)")],
     quick: Annotated[bool, typer.Option("--quick", help="small enough for CI (a minute or two)")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write the curve PNG here")] = None,
