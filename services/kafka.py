@@ -90,6 +90,28 @@ _PRODUCER: dict[str, Any] = PRODUCER_PARTITIONER | {
 }
 
 
+# How long one consume() of a bounded read waits: it returns only when this runs out (or 10,000
+# records came), so on small reads (a recovering or arriving group's) it is the read's latency.
+READ_POLL_S = 0.02
+
+
+def resolved(consumer: Consumer, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
+    """`partitions` with their logical offsets (OFFSET_BEGINNING, OFFSET_END) made absolute by
+    one ListOffsets request through `consumer`. Assigned as they are, logical offsets are
+    looked up by librdkafka itself, which on a fresh consumer waits a fixed 500 ms for the
+    leader first: that wait was most of a small read's latency (a moving group's restore).
+    Not an end on its own (Tansu answers ListOffsets loosely, see end_offsets): a place to
+    start fetching from, as the logical offset would have been."""
+    logical = [tp for tp in partitions if tp.offset in (OFFSET_BEGINNING, OFFSET_END)]
+    if not logical:
+        return partitions
+    # offsets_for_times reads a TopicPartition's offset as a timestamp: -2 earliest, -1 latest,
+    # the same numbers as OFFSET_BEGINNING and OFFSET_END.
+    found = {(tp.topic, tp.partition): tp.offset for tp in consumer.offsets_for_times(logical, timeout_s)}
+    return [TopicPartition(tp.topic, tp.partition, found[(tp.topic, tp.partition)])
+            if found.get((tp.topic, tp.partition), -1) >= 0 else tp for tp in partitions]
+
+
 def end_offsets(cluster: Cluster, partitions: list[tuple[str, int]], group: str,
                 isolation: str = "read_committed", timeout_s: float = 60.0) -> dict[tuple[str, int], int]:
     """The end of each partition as of now: where a reader with `isolation` stops.
@@ -104,11 +126,11 @@ def end_offsets(cluster: Cluster, partitions: list[tuple[str, int]], group: str,
         return {}
     c = cluster.consumer(group, **{"isolation.level": isolation, "enable.partition.eof": True})
     try:
-        c.assign([TopicPartition(t, p, OFFSET_END) for t, p in partitions])
+        c.assign(resolved(c, [TopicPartition(t, p, OFFSET_END) for t, p in partitions], timeout_s))
         ends: dict[tuple[str, int], int] = {}
         deadline = time.monotonic() + timeout_s
         while len(ends) < len(partitions):
-            for m in c.consume(10_000, 0.2):
+            for m in c.consume(10_000, READ_POLL_S):
                 err = m.error()
                 if err is not None and err.code() == KafkaError._PARTITION_EOF:
                     ends.setdefault((m.topic(), m.partition()), m.offset())
@@ -138,11 +160,12 @@ def read_partitions(cluster: Cluster, topic: str, starts: dict[int, int], group:
         return []
     c = cluster.consumer(group)
     try:
-        c.assign([TopicPartition(topic, p, starts[p] if starts[p] > 0 else OFFSET_BEGINNING) for p in remaining])
+        c.assign(resolved(c, [TopicPartition(topic, p, starts[p] if starts[p] > 0 else OFFSET_BEGINNING)
+                              for p in remaining], timeout_s))
         out: list[Message] = []
         deadline = time.monotonic() + timeout_s
         while remaining:
-            for m in c.consume(10_000, 0.2):
+            for m in c.consume(10_000, READ_POLL_S):
                 if m.error() is not None:
                     raise KafkaException(m.error())
                 if m.offset() < ends[m.partition()]:

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 import structlog
-from confluent_kafka import OFFSET_END, TopicPartition
+from confluent_kafka import OFFSET_END, Message, TopicPartition
 
 from streamjoin.schemas import control
 from streamjoin.services import faults, kafka, metrics
@@ -77,7 +77,7 @@ class Coordinator:
     def _loop(self) -> None:
         self.health.ready, self.health.detail = True, "running"
         while not self.stop_flag.set:
-            for m in self.control_in.consume(500, 0.2):
+            for m in self._next_messages():
                 if m.error() is None:
                     msg = control.decode_control(m.value())
                     if isinstance(msg, control.Heartbeat):
@@ -89,6 +89,13 @@ class Coordinator:
             self._fail_over()
             self._adapt()
             self._update_metrics()
+
+    def _next_messages(self) -> list[Message]:
+        """What the control topic holds now, waiting up to 0.2 s for the first message: poll
+        returns as soon as one arrives (consume would wait its whole timeout out, and every
+        step of a move waits on this loop)."""
+        first = self.control_in.poll(0.2)
+        return [] if first is None else [first, *self.control_in.consume(500, 0)]
 
     def stop(self) -> None:
         self.stop_flag.request()

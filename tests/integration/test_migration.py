@@ -116,9 +116,12 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
     port = fleet.metrics_ports["coordinator"]
     done, failed_over = (metric(port, "streamjoin_migrations_total", 'outcome="done"'),
                          metric(port, "streamjoin_migrations_total", 'outcome="failover"'))
-    print(f"migration: move {move_s:.1f} s, drain {drain_s:.1f} s, failover {failover_s:.1f} s "
-          f"(worker_timeout_ms {job.coordinator.worker_timeout_ms}); moves done {done:.0f}, failed over "
-          f"{failed_over:.0f}; {steady.rows} rows")
+    pauses = metric(port, "streamjoin_migration_pause_seconds_count")
+    pause_s = metric(port, "streamjoin_migration_pause_seconds_sum") / max(pauses, 1)
+    print(f"migration: move {move_s:.1f} s and drain {drain_s:.1f} s of CLI wall time, mean pause {pause_s:.2f} s "
+          f"over {pauses:.0f} moves, failover {failover_s:.1f} s (worker_timeout_ms "
+          f"{job.coordinator.worker_timeout_ms}); moves done {done:.0f}, failed over {failed_over:.0f}; "
+          f"{steady.rows} rows")
     # At least the killed worker's groups; a loaded machine may stall another worker past the timeout too.
     assert failed_over >= len(orphans) and done >= 1 + PARTITIONS // 3
     result = check(job, broker.bootstrap)
@@ -134,8 +137,9 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
 def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, tmp_path: Path) -> None:
     """A worker stopped (SIGSTOP) past `worker_timeout_ms` is declared dead and its groups fail
     over; the receiver fences its transactions first, so when it is continued (SIGCONT, a
-    zombie) its next commit fails, it exits for a restart as a fresh worker, and nothing it
-    wrote after the failover is visible: the output stays exact."""
+    zombie) its next commit fails, it exits for a restart as a fresh worker (or, with nothing
+    in hand, stays on holding nothing), and nothing it wrote after the failover is visible:
+    the output stays exact."""
     job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL, TIMEOUTS)
     try:
         time.sleep(3)
@@ -147,7 +151,12 @@ def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, 
             time.sleep(0.5)
         time.sleep(2)
         zombie.send_signal(signal.SIGCONT)
-        assert zombie.wait(60) == 75  # fenced: it exits for a clean restart
+        try:  # fenced: its next commit fails and it exits for a clean restart
+            assert zombie.wait(30) == 75
+        except subprocess.TimeoutExpired:
+            # Or it had nothing in hand when told it holds nothing: a standby whose producer
+            # can commit nothing more (its first group would end it the same way).
+            assert _held(job, broker.bootstrap)["w1"] == []
         time.sleep(2)
     finally:
         steady.stop_flag.set()
