@@ -114,6 +114,8 @@ QUICK = Plan(verifier="reference", partitions=4, sizes=(Size(300, 3000),), moves
 
 
 def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
+    """The four parts on `env`'s broker (`quick`: the CI plan), the report, and with `plot_path`
+    the two PNGs beside it."""
     plan = QUICK if quick else FULL
     with env.phase("part 1: migration cost"):
         migration = migration_cost(env, plan)
@@ -264,8 +266,9 @@ def move(env: BenchEnv, job: JobSettings, fleet: Fleet, group: int, target: str)
 
 
 def pause_stages(m: dict, beats: list[control.Heartbeat]) -> dict:
-    """Where move `m`'s pause went, from the workers' heartbeats (a worker sends one as soon as it
-    applies an assignment): `sender_s` from the request to the sender's first heartbeat without
+    """Where move `m`'s time went, from the workers' heartbeats (a worker sends one as soon as it
+    applies an assignment): `sender_s` from our request (so it includes the request reaching the
+    coordinator, before the coordinator's pause starts) to the sender's first heartbeat without
     the group (its last cycle committed), `receiver_s` from then to the receiver's first heartbeat
     holding it (fenced, restored from the changelog, fetching from the barrier)."""
     after = [b for b in beats if b.wall_ms >= m["started_ms"]]
@@ -390,7 +393,7 @@ class Slowdown(threading.Thread):
 
 def placement_run(env: BenchEnv, plan: Plan, name: str, placement: str, workers: int, schedule: RateSchedule,
                   steps: Sequence[ours.Step], slow: tuple[float, float] | None) -> dict:
-    """A fleet of `workers` fed by `schedule` (its time 0 is `plan.warm_s` before the measured span),
+    """A fleet of `workers` fed by `schedule` (its time 0 is the measured span's start, after `plan.warm_s`),
     started sticky and switched to `placement` when the span begins; `slow` stops the last worker
     for that many seconds of every period throughout. The span's curves and totals."""
     seconds = sum(s.seconds for s in steps)
@@ -408,6 +411,7 @@ def placement_run(env: BenchEnv, plan: Plan, name: str, placement: str, workers:
     write_job(run_job, fleet.job_file)
     fleet.kill("coordinator", signal.SIGTERM)
     fleet.start_coordinator()
+    feed.begin_span()
     since_ms = int(time.time() * 1000)
     time.sleep(seconds)
     until_ms = int(time.time() * 1000)
@@ -490,11 +494,11 @@ def slowed_worker(env: BenchEnv, plan: Plan, placement: str) -> dict:
 
 def rate_ramp(env: BenchEnv, plan: Plan, placement: str) -> dict:
     """Part 4: `plan.ramp`'s rates in turn (the first also during the warm-up) on `ramp_workers`."""
-    ends = np.cumsum([plan.warm_s + plan.ramp[0].seconds, *[s.seconds for s in plan.ramp[1:]]])
+    ends = np.cumsum([s.seconds for s in plan.ramp])
     rates = [s.rate for s in plan.ramp]
 
-    def schedule(t: float) -> float:
-        return rates[min(int(np.searchsorted(ends, t, side="right")), len(rates) - 1)]
+    def schedule(t: float) -> float:  # the warm-up (t < 0) runs at the first rate
+        return rates[min(int(np.searchsorted(ends, max(t, 0.0), side="right")), len(rates) - 1)]
 
     out = placement_run(env, plan, f"adapt-ramp-{placement}", placement, plan.ramp_workers, schedule, plan.ramp,
                         None)

@@ -23,7 +23,8 @@ from streamjoin.settings import JobSettings, StreamSpec
 
 TICK_S = 0.1  # a batch of input every 100 ms: event time stays within a tick of wall time
 
-RateSchedule = Callable[[float], float]  # seconds since the input started -> tuples/s per stream
+# Seconds since the measured span began (negative before `PacedInput.begin_span`) -> tuples/s per stream.
+RateSchedule = Callable[[float], float]
 
 
 def json_values(spec: StreamSpec, cols: Columns) -> np.ndarray:
@@ -56,8 +57,8 @@ def key_values(spec: StreamSpec, cols: Columns) -> np.ndarray:
 
 class PacedInput(threading.Thread):
     """Writes `job`'s workload into its input topics until `stop()`, at `rate(t)` tuples/s per
-    stream (t: seconds since start). `ticks` keeps (wall ms, tuples written) per tick, for the
-    rate actually written; `tuples` is the total."""
+    stream (t: seconds since `begin_span()`, -1 before it: a warm-up). `ticks` keeps (wall ms,
+    tuples written) per tick, for the rate actually written; `tuples` is the total."""
 
     def __init__(self, job: JobSettings, bootstrap: str, rate: RateSchedule, seed: int = 0) -> None:
         super().__init__(daemon=True, name=f"paced-input-{job.job}")
@@ -66,6 +67,11 @@ class PacedInput(threading.Thread):
         self.tuples = 0
         self.error: BaseException | None = None
         self._stop_flag = threading.Event()
+        self._span_began: float | None = None
+
+    def begin_span(self) -> None:
+        """The measured span begins now: the schedule's time 0."""
+        self._span_began = time.time()
 
     def stop(self) -> None:
         """Stop writing and wait until every record written is acknowledged; re-raises a failure."""
@@ -83,11 +89,11 @@ class PacedInput(threading.Thread):
     def _write(self) -> None:
         producer = kafka.Cluster(self.bootstrap).producer()
         rngs = [np.random.default_rng([self.seed, i]) for i in range(len(self.job.streams))]
-        began = time.time()
-        last_ms = int(began * 1000)
+        last_ms = int(time.time() * 1000)
         while not self._stop_flag.wait(TICK_S):
             now_ms = int(time.time() * 1000)
-            rate = self.rate(now_ms / 1000 - began)
+            began = self._span_began
+            rate = self.rate(-1.0 if began is None else now_ms / 1000 - began)
             written = sum(self._tick(producer, i, rngs[i], last_ms, now_ms, rate) for i in range(len(rngs)))
             producer.poll(0)
             self.ticks.append((now_ms, written))
