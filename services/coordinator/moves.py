@@ -59,7 +59,9 @@ class Moves:
     arriving: set[int] = field(default_factory=set)
     # arriving group -> the dead workers that may hold an open transaction on it
     fenced_from: dict[int, set[str]] = field(default_factory=dict)
-    last_bytes: dict[int, int] = field(default_factory=dict)
+    # group -> its window bytes as its holder last reported them (a move's bytes are the sender's
+    # last report before it let go: its release heartbeat no longer lists the group)
+    sizes: dict[int, int] = field(default_factory=dict)
 
     def wanted(self, worker: str) -> list[int]:
         """The groups `worker` should hold now: those placed on it that are not still on their way."""
@@ -120,8 +122,8 @@ class Moves:
         """The records to store (releases this heartbeat or a sender's death completes, and the
         end of failovers, whose records no longer name the dead owner) and the moves its groups end."""
         for g, size in beat.group_bytes.items():
-            if self.moving.get(g) == beat.worker:
-                self.last_bytes[g] = size
+            if g in self.owners and g not in self.arriving:  # not a receiver's report of a group still restoring
+                self.sizes[g] = size
         released = [g for g, sender in sorted(self.moving.items())
                     if sender in dead or (sender == beat.worker and beat.epoch >= self.epoch_of(g)
                                           and g not in beat.groups)]
@@ -139,7 +141,7 @@ class Moves:
             start = self.started.pop(g, now)
             if self.fenced_from.pop(g, None):
                 records.append(Placement(group=g, worker=beat.worker, epoch=self.epoch))
-            finished.append(Finished(g, self.senders.pop(g, ""), beat.worker, now - start, self.last_bytes.pop(g, 0)))
+            finished.append(Finished(g, self.senders.pop(g, ""), beat.worker, now - start, self.sizes.get(g, 0)))
         return records, finished
 
     def epoch_of(self, group: int) -> int:

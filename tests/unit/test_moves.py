@@ -36,6 +36,17 @@ def test_a_move_waits_for_the_senders_release_then_for_the_receiver() -> None:
     assert not moves.moving and not moves.arriving
 
 
+def test_a_moves_bytes_are_the_senders_last_report_from_before_it_started() -> None:
+    """The sender's release heartbeat no longer lists the group, and the receiver's first one
+    reports what it restored: the bytes moved are what the sender last reported holding."""
+    moves = Moves({0: "a", 1: "b"}, {}, epoch=1)
+    moves.on_heartbeat(_beat("a", [0], epoch=1, sizes={0: 7000}), [], 1.0)
+    moves.move(0, "b", ["a", "b"], now=2.0)
+    moves.on_heartbeat(_beat("a", [], epoch=2), [], 3.0)
+    _, finished = moves.on_heartbeat(_beat("b", [0, 1], epoch=2, sizes={0: 99, 1: 10}), [], 4.0)
+    assert [(f.group, f.state_bytes) for f in finished] == [(0, 7000)]
+
+
 def test_requests_that_cannot_start_say_why() -> None:
     moves = Moves({0: "a", 1: "b"}, {}, epoch=1)
     assert "not placed" in moves.move(7, "b", ["a", "b"], 0.0)
