@@ -36,6 +36,8 @@ def test_default_job_loads() -> None:
     (lambda d: d["worker"].update(batch_ms="soon"), "worker.batch_ms"),
     (lambda d: d.update(colour="blue"), "colour"),
     (lambda d: d.setdefault("join", {}).update(max_future_ms=-1), "join.max_future_ms"),
+    (lambda d: d.update(faults={"crash_at": ["w0:nope"]}), "faults.crash_at"),
+    (lambda d: d.update(faults={"crash_at": ["coordinator:sender-committed"]}), "faults.crash_at"),
 ])
 def test_bad_job_file_exits_2_naming_the_field(tmp_path: Path, mutate, field: str) -> None:
     path = _job(tmp_path, mutate)
