@@ -123,6 +123,27 @@ def json_lengths(spec: StreamSpec, cols: Columns) -> np.ndarray:
     return total
 
 
+def json_values(spec: StreamSpec, cols: Columns) -> np.ndarray:
+    """Each tuple's compact JSON object (fields in the stream's order, the encoding `json_lengths`
+    measures), as NumPy bytes, for producers that write generated tuples themselves.
+
+    spec: the stream; cols: its generated columns (int, float, bool and str fields; strings
+    must need no escaping, as the generated padding does not)."""
+    out = np.full(len(cols[spec.time_field]), "{")
+    for i, (name, ftype) in enumerate(spec.fields.items()):
+        v = cols[name]
+        if ftype == "str":
+            text = np.strings.add(np.strings.add('"', v.astype("U")), '"')
+        elif ftype == "bool":
+            text = np.where(v, "true", "false")
+        elif ftype in ("int", "float"):
+            text = v.astype("U")
+        else:
+            raise ValueError(f"JSON values are written for int, float, bool and str fields, not {ftype} ({name})")
+        out = np.strings.add(np.strings.add(out, f'{"," if i else ""}"{name}":'), text)
+    return np.strings.encode(np.strings.add(out, "}"))
+
+
 # ---------------------------------------------------------------- band (handshake / SplitJoin)
 
 

@@ -547,7 +547,8 @@ def parameters(plan: Plan, quick: bool) -> dict:
                                               for s in plan.sizes],
                       "moves_per_size": plan.moves, "settle_s": plan.settle_s,
                       "how": "MoveGroup on the control topic (as `streamjoin move`), one group at a time; pause "
-                             "and state bytes from the coordinator's `move done` log line"},
+                             "from the coordinator's `move done` log line, state bytes from the sender's last "
+                             "heartbeat before the move"},
         "failover": {"workers": plan.failover_workers, "rate_per_stream": plan.failover_rate, **FAILOVER_TIMEOUTS,
                      "window_ms": plan.window_ms, "restart_workers": False},
         "skew": {"workers": 2, "rate_per_stream": plan.skew_rate, "seconds": plan.skew_seconds,

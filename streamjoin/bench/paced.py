@@ -18,41 +18,14 @@ import numpy as np
 from confluent_kafka import Producer
 
 from streamjoin.services import kafka
-from streamjoin.services.workloads import Columns, generate
-from streamjoin.settings import JobSettings, StreamSpec
+from streamjoin.services.workloads import generate, json_values
+from streamjoin.settings import JobSettings
+from streamjoin.topology.partitioner import key_text
 
 TICK_S = 0.1  # a batch of input every 100 ms: event time stays within a tick of wall time
 
 # Seconds since the measured span began (negative before `PacedInput.begin_span`) -> tuples/s per stream.
 RateSchedule = Callable[[float], float]
-
-
-def json_values(spec: StreamSpec, cols: Columns) -> np.ndarray:
-    """Each tuple's compact JSON object (fields in the stream's order), as NumPy bytes.
-
-    spec: the stream; cols: its generated columns (int, float, bool and str fields; strings
-    must need no escaping, as the generated padding does not)."""
-    out = np.full(len(cols[spec.time_field]), "{")
-    for i, (name, ftype) in enumerate(spec.fields.items()):
-        v = cols[name]
-        if ftype == "str":
-            text = np.strings.add(np.strings.add('"', v.astype("U")), '"')
-        elif ftype == "bool":
-            text = np.where(v, "true", "false")
-        elif ftype in ("int", "float"):
-            text = v.astype("U")
-        else:
-            raise ValueError(f"paced input writes int, float, bool and str fields, not {ftype} ({name})")
-        out = np.strings.add(np.strings.add(out, f'{"," if i else ""}"{name}":'), text)
-    return np.strings.encode(np.strings.add(out, "}"))
-
-
-def key_values(spec: StreamSpec, cols: Columns) -> np.ndarray:
-    """Each tuple's record key: its join key's canonical text (one int, str or bool field)."""
-    if len(spec.key_fields) != 1:
-        raise ValueError(f"paced input keys records by one key field, not {spec.key_fields}")
-    key = cols[spec.key_fields[0]]
-    return np.strings.encode(np.where(key, "true", "false") if key.dtype == bool else key.astype("U"))
 
 
 class PacedInput(threading.Thread):
@@ -109,7 +82,8 @@ class PacedInput(threading.Thread):
             return 0
         spec = self.job.streams[stream]
         cols = generate(self.job, stream, rng, t0_ms, t1_ms, rate)
-        values, keys = json_values(spec, cols).tolist(), key_values(spec, cols).tolist()
+        values = json_values(spec, cols).tolist()
+        keys = key_text([(cols[k], spec.fields[k]) for k in spec.key_fields]).to_pylist()
         producer.produce_batch(self.job.topic_of(spec), [{"key": k, "value": v} for k, v in zip(keys, values)])
         return len(values)
 

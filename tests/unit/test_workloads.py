@@ -3,11 +3,13 @@ arrival process, and each kind's distributions (images: the asked-for selectivit
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from streamjoin.engine.udfs import pixel_similarity
-from streamjoin.services.workloads import generate, json_lengths, poisson_times, sample, scenes
+from streamjoin.services.workloads import generate, json_lengths, json_values, poisson_times, sample, scenes
 from streamjoin.settings import JobSettings, load
 
 JOBS = ["seed000", "band", "band3", "images"]
@@ -73,6 +75,18 @@ def test_equijoin_keys_and_padding() -> None:
     assert np.all((cols["k"] >= 0) & (cols["k"] < 1024))
     assert np.bincount(cols["k"], minlength=1024)[0] > 5 * len(cols["k"]) / 1024, "b-model: skewed to low keys"
     assert np.all(json_lengths(spec, cols) == 64)  # the pad brings every record to tuple_bytes
+
+
+@pytest.mark.parametrize("name", ["seed000", "band", "band3"])
+def test_json_values_parse_back_to_the_columns_at_the_measured_lengths(name: str) -> None:
+    job = job_of(name)
+    for i, spec in enumerate(job.streams):
+        cols = batch(job, i)
+        values = json_values(spec, cols)
+        assert [len(v) for v in values.tolist()] == json_lengths(spec, cols).tolist()
+        parsed = [json.loads(v) for v in values.tolist()]
+        for field in spec.fields:
+            assert [row[field] for row in parsed] == cols[field].tolist(), field
 
 
 def test_band_values() -> None:
