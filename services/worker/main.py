@@ -63,7 +63,6 @@ class Worker:
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
-        self.epoch = 0  # placement epoch of the newest assignment applied
         self.fenced: dict[str, int] = {}  # dead worker whose transactions this one fenced -> at which epoch
         self.pending: dict[int, RecordBuffer] = {}  # per stream, all owned groups
         self.skip_dead: dict[int, set[tuple[str, int, int]]] = {}
@@ -75,6 +74,12 @@ class Worker:
         self.health = metrics.HealthState()
         self.stop_flag = StopFlag()
         self.metrics_url = ""
+
+    @property
+    def epoch(self) -> int:
+        """The placement epoch of the newest assignment applied (kept by the emitter, which
+        stamps it on every batch commit)."""
+        return self.emitter.epoch
 
     # ------------------------------------------------------------------ main
     def run(self) -> None:
@@ -164,7 +169,7 @@ class Worker:
                 if arriving and msg.epoch > control.FIRST_EPOCH:  # moved here: the first placement moves none
                     faults.reach("receiver-recovered")
                 # Set after the assignment: the last batches of groups let go of were decided at the old epoch.
-                self.epoch = self.emitter.epoch = msg.epoch
+                self.emitter.epoch = msg.epoch
                 self._heartbeat()  # at the new epoch: a sender's release is what ends its part of a move
 
     def _fence(self, workers: set[str], epoch: int) -> list[str]:
