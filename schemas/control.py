@@ -31,6 +31,20 @@ class Heartbeat(BaseModel):
     ring_round: int = 0
     ring_failed: str = ""  # ring node: why the ring stopped producing results ("" while it runs)
     epoch: int = 0  # hash worker: the placement epoch of the newest assignment it applied
+    # Spill (seed 003 sections 4 and 6; worker.spill). memory_bytes: window bytes held in memory;
+    # memory_budget: worker.memory_bytes; spilled_bytes: window bytes on disk only (pushed groups,
+    # and in deferred mode their generations); generations: spilled generations not cleaned up
+    # yet; cleanup_backlog_bytes: their bytes; spilled_groups: groups with such generations
+    # (lazy-disk never moves them); results_total: results produced since the worker started
+    # (the coordinator's output-rate signal); pushes: pushes since the worker started.
+    memory_bytes: int = 0
+    memory_budget: int = 0
+    spilled_bytes: int = 0
+    generations: int = 0
+    cleanup_backlog_bytes: int = 0
+    spilled_groups: list[int] = Field(default_factory=list)
+    results_total: int = 0
+    pushes: int = 0
 
 
 class RingLayout(BaseModel):
@@ -91,6 +105,16 @@ class DrainWorker(BaseModel):
     worker: str
 
 
+class PushGroups(BaseModel):
+    """Coordinator -> worker (active-disk, seed 003 6): push at least `bytes` of in-memory window
+    state to disk now, least productive groups first. `why`: the coordinator's reason, logged."""
+
+    type: Literal["push-groups"] = "push-groups"
+    worker: str
+    bytes: int = Field(ge=0)
+    why: str = ""
+
+
 class Assignment(BaseModel):
     type: Literal["assignment"] = "assignment"
     worker: str
@@ -122,10 +146,11 @@ class Placement(BaseModel):
     dead_owners: list[str] = Field(default_factory=list)
 
 
-ControlMessage = Heartbeat | Assignment | RingLayout | RingChange | RingStart | RingFailed | MoveGroup | DrainWorker
+ControlMessage = (Heartbeat | Assignment | RingLayout | RingChange | RingStart | RingFailed | MoveGroup | DrainWorker
+                  | PushGroups)
 _KINDS: dict[str, type[BaseModel]] = {"heartbeat": Heartbeat, "assignment": Assignment, "ring-layout": RingLayout,
                                       "ring-change": RingChange, "ring-start": RingStart, "ring-failed": RingFailed,
-                                      "move-group": MoveGroup, "drain-worker": DrainWorker}
+                                      "move-group": MoveGroup, "drain-worker": DrainWorker, "push-groups": PushGroups}
 
 
 def encode(msg: BaseModel) -> bytes:

@@ -57,8 +57,22 @@ STATE_TUPLES = Gauge("streamjoin_window_state_tuples", "Window tuples per partit
                      registry=REGISTRY)
 HOT_BYTES = Gauge("streamjoin_hot_state_bytes", "Window bytes held in memory (the rest is in RocksDB only)",
                   registry=REGISTRY)
-HOT_LIMIT = Gauge("streamjoin_hot_state_limit_bytes", "worker.hot_bytes: the in-memory budget for windows",
+HOT_LIMIT = Gauge("streamjoin_hot_state_limit_bytes", "worker.memory_bytes: the in-memory budget for windows",
                   registry=REGISTRY)
+# Spill (seed 003 section 4; worker.spill).
+SPILLED_BYTES = Gauge("streamjoin_spilled_bytes", "Window bytes of owned groups held on disk only", registry=REGISTRY)
+GENERATIONS = Gauge("streamjoin_spill_generations", "Spilled generations not cleaned up yet (deferred spill)",
+                    registry=REGISTRY)
+CLEANUP_BACKLOG = Gauge("streamjoin_cleanup_backlog_bytes", "Bytes of spilled generations awaiting clean-up",
+                        registry=REGISTRY)
+PUSHES = Counter("streamjoin_spill_pushes_total", "Groups pushed to disk, by what asked (budget, coordinator)",
+                 ["reason"], registry=REGISTRY)
+PUSHED_BYTES = Counter("streamjoin_spill_pushed_bytes_total", "Window bytes pushed to disk", registry=REGISTRY)
+CLEANUPS = Counter("streamjoin_cleanups_total", "Generations cleaned up (deferred spill)", registry=REGISTRY)
+CLEANUP_RESULTS = Counter("streamjoin_cleanup_results_total", "Results produced by clean-up passes",
+                          registry=REGISTRY)
+CLEANUP_SECONDS = Histogram("streamjoin_cleanup_seconds", "Time of one generation's clean-up pass",
+                            registry=REGISTRY)
 LAG = Gauge("streamjoin_consumer_lag", "Records in the worker's input partitions not yet joined", registry=REGISTRY)
 GROUPS = Gauge("streamjoin_assigned_groups", "Partition groups this worker owns", registry=REGISTRY)
 BATCH_SECONDS = Histogram("streamjoin_batch_seconds", "Time to join one batch (all groups of one poll)",

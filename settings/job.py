@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamjoin.settings import kafka as kafka_settings
@@ -166,11 +166,46 @@ class RingSpec(_Strict):
     round_ms: int = Field(default=100, gt=0, description="how often the head releases a round by watermark")
 
 
+class SpillSpec(_Strict):
+    """Disk-based adaptation, seed 003 section 4: when the window bytes a worker holds in memory
+    cross `trigger` x `worker.memory_bytes` (theta_m), it pushes `push_fraction` of them to disk,
+    choosing the groups by `victims`. RocksDB holds every group's window either way; a pushed
+    group's memory is freed.
+
+    mode: `probe` reads a pushed group's window back and probes it when the group's next batch
+    arrives (results on time, a disk read per batch of a cold group); `deferred` is seed 003's:
+    the pushed window becomes a generation on disk that run-time batches do not probe, and the
+    results joining it with other generations come from a clean-up pass (engine/cleanup.py) once
+    the watermark has passed the generation's newest tuple plus the longest window (results late
+    by about one window, no disk read on the hot path). Deferred needs RANGE windows on every
+    stream: a count window's membership depends on tuples of every generation."""
+
+    mode: Literal["probe", "deferred"] = "probe"
+    victims: Literal["productivity", "lru", "most-productive"] = Field(
+        default="productivity",
+        description="productivity (seed 003 4.3): groups idle longer than inactive_ms first, then the largest "
+                    "size/output ratio (no output = infinitely unproductive); lru: least recently used first; "
+                    "most-productive: the smallest size/output ratio first (the paper's counterpart in Figure 11)")
+    trigger: float = Field(default=1.0, gt=0, le=4,
+                           description="push when in-memory window bytes exceed trigger x worker.memory_bytes "
+                                       "(seed 003 6: M_u / M_a > theta_m)")
+    push_fraction: float = Field(default=0.3, gt=0, le=1,
+                                 description="share of in-memory window bytes pushed each time (seed 003 4.4: 30%)")
+    inactive_ms: int = Field(
+        default=300_000, gt=0,
+        description="theta_t: a group with no new tuple for this long is pushed first (the paper uses half the "
+                    "run's length; a continuous job has no length, so 5 minutes)")
+
+
 class WorkerSpec(_Strict):
     batch_ms: int = Field(default=200, gt=0, description="distribution epoch: poll/batch interval")
     max_batch_records: int = Field(default=200_000, gt=0)
     state_dir: Path = Path("./state")
-    hot_bytes: int = Field(default=2 << 30, gt=0, description="window bytes kept in memory; the rest stays in RocksDB")
+    memory_bytes: int = Field(
+        default=2 << 30, gt=0, validation_alias=AliasChoices("memory_bytes", "hot_bytes"),
+        description="the worker's memory budget for window state (bytes of the windows held in memory; "
+                    "worker.spill says what is pushed to disk past it); `hot_bytes` is its old name")
+    spill: SpillSpec = SpillSpec()
     exactly_once: bool = True
     changelog: bool = Field(
         default=True,
@@ -241,6 +276,18 @@ class CoordinatorSpec(_Strict):
     memory_balance_interval_ms: int = Field(
         default=45_000, ge=0,
         description="least time between two memory balancings (seed 003 5.2: 45 s)")
+    disk_adaptation: Literal["local", "lazy-disk", "active-disk"] = Field(
+        default="lazy-disk",
+        description="how memory balancing and the workers' spill work together (seed 003 6). local: each worker "
+                    "spills on its own and balancing ignores it; lazy-disk: balancing never moves a group with "
+                    "generations on disk and never starts in an epoch in which a worker pushed; active-disk: "
+                    "lazy-disk, and when memory is balanced but output rates per group diverge (max/min > "
+                    "output_rate_theta) the worker with the lowest rate is told to push its least productive "
+                    "groups, at most M_q - M_c bytes")
+    output_rate_theta: float = Field(
+        default=2.0, gt=1,
+        description="active-disk: Max_rate / Min_rate of the workers' output rates per group above which the "
+                    "slowest is told to push (seed 003 6, theta_f; the paper gives no value)")
 
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> "CoordinatorSpec":
@@ -408,6 +455,11 @@ class JobSettings(BaseModel):
                              "sample of a worker")
 
     def _check_hash_mode(self) -> None:
+        if self.worker.spill.mode == "deferred":
+            counted = [s.name for s in self.streams if s.window.range_ms is None]
+            if counted:
+                raise ValueError(f"worker.spill.mode deferred needs RANGE windows; streams {counted} have count "
+                                 "windows, whose membership depends on every generation (use mode: probe)")
         if self.join.predicate:
             raise ValueError("join.predicate is for join.mode: ring; hash mode joins on the streams' key_fields")
         missing = [s.name for s in self.streams if not s.key_fields]

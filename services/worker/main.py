@@ -52,7 +52,7 @@ class Worker:
         self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
         self.plan = join_plan(job)
         self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
-                                   stream_templates(job), job.worker.hot_bytes,
+                                   stream_templates(job), job.worker.memory_bytes,
                                    changelog=job.worker.changelog)
         self.topic_stream = {job.topic_of(s): i for i, s in enumerate(job.streams)}
         self.forwarded_stream = {job.by_key_topic(s): i for i, s in enumerate(job.streams)}
@@ -86,7 +86,7 @@ class Worker:
         """Serve until SIGTERM/SIGINT (services/shutdown.py), then stop cleanly."""
         self.stop_flag.install()
         server = metrics.serve(self.metrics_port, self.health)
-        metrics.HOT_LIMIT.set(self.job.worker.hot_bytes)
+        metrics.HOT_LIMIT.set(self.job.worker.memory_bytes)
         self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
         try:
             self._start()

@@ -59,7 +59,7 @@ def _job(tmp_path: Path, rows: bool = False):
     streams = [{"name": n, "fields": {"k": "int", "ts": "int", "pad": "str"}, "time_field": "ts",
                 "key_fields": ["k"], "window": window} for n in "rs"]
     return load(None, job="st", streams=streams, join={"allowed_lateness_ms": 0},
-                worker={"state_dir": str(tmp_path), "hot_bytes": 1})
+                worker={"state_dir": str(tmp_path), "memory_bytes": 1})
 
 
 def _feed(job, store: WindowedStore, group: int, batches: int,
@@ -108,7 +108,7 @@ def test_restored_window_equals_memory_and_dead_blocks_are_deleted(tmp_path: Pat
 
 def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
     job = _job(tmp_path)
-    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), hot_bytes=1)
+    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), memory_bytes=1)
     _feed(job, store, group=GROUP, batches=3)
     before = _snapshot(store.get(3).window)
     store.evict_cold(keep=set())
@@ -119,7 +119,7 @@ def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
 
 def test_group_bytes_are_each_groups_window_hot_or_cold(tmp_path: Path) -> None:
     job = _job(tmp_path)
-    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), hot_bytes=1)
+    store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), memory_bytes=1)
     assert store.group_bytes({GROUP, 7}) == {GROUP: 0, 7: 0}  # nothing read yet
     _feed(job, store, group=GROUP, batches=3)
     size = store.get(GROUP).window.nbytes
@@ -129,7 +129,7 @@ def test_group_bytes_are_each_groups_window_hot_or_cold(tmp_path: Path) -> None:
     store.forget(GROUP)
     assert store.group_bytes({GROUP}) == {GROUP: 0}  # no longer owned
     store.store.close()
-    reopened = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), hot_bytes=1)
+    reopened = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), memory_bytes=1)
     reopened.get(GROUP)
     assert reopened.group_bytes({GROUP}) == {GROUP: size}  # a restored window reports its size
     reopened.store.close()
