@@ -155,14 +155,16 @@ def _emit_eager(plan: JoinPlan, window: GroupWindow, accepted: list[Block], now_
             # Each other stream contributes only its tuples with the delta's keys, gathered
             # from every run: the probe below then works on blocks the size of its matches.
             sources = [window.runs[j].matching(delta[KEY]) if j != i else delta for j in range(len(plan.streams))]
-            combos = _probe_all(plan, sources, i)
-            parts.append(_assemble(plan, sources, combos, now_ms))
+            combos = probe_all(plan, sources, i)
+            parts.append(assemble(plan, sources, combos, now_ms))
         # Inserting after probing realises the delta formula: later D_i see D_j (j < i).
         window.runs[i].add(delta)
-    return concat(parts) if parts else _assemble(plan, [r.template for r in window.runs], _no_combos(plan), now_ms)
+    return concat(parts) if parts else assemble(plan, [r.template for r in window.runs], no_combos(plan), now_ms)
 
 
-def _probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np.ndarray]:
+def probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np.ndarray]:
+    """Every window-valid combination of `sources[start]` (each tuple once) with the other
+    sources, as per-stream index arrays; every source sorted by (key, ts, off)."""
     combos = {start: np.arange(len(sources[start]), dtype=np.int64)}
     keys = sources[start][KEY]
     t_max = sources[start][TS].copy()
@@ -190,15 +192,15 @@ def _probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np
 def _emit_on_watermark(plan: JoinPlan, window: GroupWindow, wm_from: int, wm_to: int, now_ms: int) -> Block:
     state = window.state
     if wm_to <= wm_from or any(not len(b) for b in state):
-        return _assemble(plan, state, _no_combos(plan), now_ms)
+        return assemble(plan, state, no_combos(plan), now_ms)
     indexes = [TimeIndex(b[KEY], b[TS], int(b[TS].min()), int(b[TS].max())) for b in state]
     parts = []
     for j, trig_stream in enumerate(state):
         ts = trig_stream[TS]
         trig = np.flatnonzero((ts >= wm_from) & (ts < wm_to))
         if len(trig):
-            parts.append(_assemble(plan, state, _combos_for_triggers(plan, state, indexes, j, trig), now_ms))
-    return concat(parts) if parts else _assemble(plan, state, _no_combos(plan), now_ms)
+            parts.append(assemble(plan, state, _combos_for_triggers(plan, state, indexes, j, trig), now_ms))
+    return concat(parts) if parts else assemble(plan, state, no_combos(plan), now_ms)
 
 
 def _combos_for_triggers(plan: JoinPlan, state: list[Block], indexes: list[TimeIndex], j: int,
@@ -247,11 +249,11 @@ def _cartesian(j: int, trig: np.ndarray, ranges: dict[int, tuple[np.ndarray, np.
 
 # ------------------------------------------------------------------ results
 
-def _no_combos(plan: JoinPlan) -> dict[int, np.ndarray]:
+def no_combos(plan: JoinPlan) -> dict[int, np.ndarray]:
     return {i: np.empty(0, np.int64) for i in range(len(plan.streams))}
 
 
-def _assemble(plan: JoinPlan, sources: list[Block], combos: dict[int, np.ndarray], now_ms: int) -> Block:
+def assemble(plan: JoinPlan, sources: list[Block], combos: dict[int, np.ndarray], now_ms: int) -> Block:
     if not plan.exact_keys and len(combos[0]):
         combos = _recheck_keys(plan, sources, combos)
     n = len(combos[0])

@@ -50,6 +50,9 @@ class BatchCommit(BaseModel):
     worker: str
     epoch: int = 0  # the placement epoch its worker held the group at (who decided it, for audits)
     now_ms: int | None = None  # the wall clock the batch was decided at: replay judges join.max_future_ms by it
+    # Deferred spill: the first batch of the generation the batch was decided in (a push before
+    # it starts a new one: replay pushes at the same batch).
+    generation_start: int = 0
 
 
 class RoundRelease(BaseModel):

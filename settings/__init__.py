@@ -9,6 +9,7 @@ from streamjoin.settings.job import (
     OutputSpec,
     PredicateTerm,
     SettingsError,
+    SpillSpec,
     StreamSpec,
     WindowSpec,
     load,
@@ -16,4 +17,4 @@ from streamjoin.settings.job import (
 from streamjoin.settings.topics import ROLES, TopicRole, TopicSettings, TopicsSpec
 
 __all__ = ["CoordinatorSpec", "FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm", "ROLES",
-           "SettingsError", "StreamSpec", "TopicRole", "TopicSettings", "TopicsSpec", "WindowSpec", "load"]
+           "SettingsError", "SpillSpec", "StreamSpec", "TopicRole", "TopicSettings", "TopicsSpec", "WindowSpec", "load"]

@@ -23,6 +23,11 @@ class GroupCheckpoint(BaseModel):
     dead_letter_next: int = 0
     changelog_low: int = 0  # the group's changelog offset from which this state can be rebuilt
     in_changelog: bool = False  # every live block is in the changelog (false until a batch with one)
+    # Deferred spill (worker.spill.mode deferred, engine/cleanup.py): the first batch of the
+    # generation in memory, and each spilled generation not cleaned up yet as [first batch,
+    # newest event time], oldest first.
+    generation_start: int = 0
+    generations: list[list[int]] = []
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

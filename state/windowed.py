@@ -1,7 +1,10 @@
 """Windowed state of partition groups: RocksDB holds every group's window as
-the blocks its batches appended; a hot in-memory part holds the groups in use,
-least recently used groups are evicted when it outgrows `hot_bytes` and are
-read back from RocksDB when their next batch arrives.
+the blocks its batches appended; memory holds the windows in use, within the
+worker's budget (`worker.memory_bytes`). Past it, seed 003's disk-based
+adaptation pushes groups out (state/spill.py chooses which): in probe mode a
+pushed group's window is read back from RocksDB when its next batch arrives;
+in deferred mode it stays on disk as a generation that only its clean-up
+reads (engine/cleanup.py), and the group starts a new one in memory.
 
 A block stays on disk while any of its tuples is still in the window; a
 restored window is the stored blocks, added back as runs in batch order and
@@ -16,14 +19,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamjoin.engine.block import TS, Block
+from streamjoin.engine.block import TS, Block, concat
+from streamjoin.engine.runs import SortedRuns
 from streamjoin.engine.window_join import GroupWindow, JoinPlan, empty_window, expire
 from streamjoin.schemas.codecs import decode_block, encode_block
 from streamjoin.state.checkpoint import GroupCheckpoint
 from streamjoin.state.partition import (checkpoint_key, group_prefix, seq_of, window_block_key, window_block_of,
                                         window_prefix)
+from streamjoin.state.spill import GroupActivity, choose_victims
 from streamjoin.state.store import Store
 from streamjoin.state.transaction import StateTransaction
+from streamjoin.settings import SpillSpec
 
 BLOCK_SEQ = "_blk"  # column: the batch that appended the tuple, i.e. its stored block
 
@@ -43,6 +49,13 @@ class GroupState:
     logged: list[dict[int, int]] = field(default_factory=list)
     changelog_floor: int = 0
     changelog_next: int = 0
+    # Deferred spill: the window in memory was pushed; the next batch starts a new generation.
+    push_pending: bool = False
+
+    def spilled_bytes(self) -> int:
+        """Stored bytes of the spilled generations (blocks before the generation in memory)."""
+        start = self.checkpoint.generation_start
+        return sum(size for stream in self.stored_bytes for seq, size in stream.items() if seq < start)
 
     def changelog_low(self, seq: int) -> int:
         """The first changelog offset the state after batch `seq` needs: that of its oldest
@@ -61,18 +74,26 @@ class GroupState:
 
 
 class WindowedStore:
-    def __init__(self, store: Store, plan: JoinPlan, templates: list[Block], hot_bytes: int,
-                 changelog: bool = False) -> None:
-        """`changelog`: the job mirrors state writes to its changelog (see `stage`)."""
+    def __init__(self, store: Store, plan: JoinPlan, templates: list[Block], memory_bytes: int,
+                 changelog: bool = False, spill: SpillSpec | None = None) -> None:
+        """`memory_bytes`: the budget for windows held in memory; `changelog`: the job mirrors
+        state writes to its changelog (see `stage`); `spill`: how the budget is kept (seed 003)."""
         self.store = store
         self.changelog = changelog
         self.plan = plan
         self.templates = [Block(dict(t.columns) | {BLOCK_SEQ: np.empty(0, np.int64)}) for t in templates]
-        self.hot_bytes = hot_bytes
+        self.memory_bytes = memory_bytes
+        self.spill = spill or SpillSpec()
         self._hot: OrderedDict[int, GroupState] = OrderedDict()
         # Window bytes of every group read or written since it was last forgotten, hot or cold:
         # a window changes only in a batch, so the size its last batch left is still its size.
         self._sizes: dict[int, int] = {}
+        self.activity: dict[int, GroupActivity] = {}  # seed 003's per-group statistics (T_u, P_o)
+        self.pushes = 0
+
+    @property
+    def deferred(self) -> bool:
+        return self.spill.mode == "deferred"
 
     # ------------------------------------------------------------------ reads
     def get(self, group: int) -> GroupState:
@@ -91,10 +112,12 @@ class WindowedStore:
         ckpt = self.stored_checkpoint(group)
         window = empty_window(self.plan, self.templates)
         state = GroupState(window, ckpt, changelog_floor=ckpt.changelog_low, changelog_next=ckpt.changelog_low)
+        spilled_newest = max((newest for _, newest in ckpt.generations), default=0)
         for i in range(len(self.plan.streams)):
             raw = {seq_of(k): v for k, v in self.store.scan(window_prefix(group, i))}
-            blocks = {seq: decode_block(v) for seq, v in raw.items()}
-            state.stored.append({seq: int(b[TS].max()) for seq, b in blocks.items()})
+            # Spilled generations stay on disk undecoded: only their clean-up reads them.
+            blocks = {seq: decode_block(v) for seq, v in raw.items() if seq >= ckpt.generation_start}
+            state.stored.append({seq: int(blocks[seq][TS].max()) if seq in blocks else spilled_newest for seq in raw})
             state.stored_bytes.append({seq: len(v) for seq, v in raw.items()})
             state.logged.append({})
             for seq in sorted(blocks):  # batch order, so runs merge in tiers as they did live
@@ -103,6 +126,37 @@ class WindowedStore:
             window.max_ts, window.watermark = list(ckpt.max_ts), ckpt.watermark
         expire(self.plan, window)
         return state
+
+    def stored_blocks(self, group: int, state: GroupState, from_seq: int) -> list[Block]:
+        """Per stream, the stored tuples of `group` from batch `from_seq` on, as one block
+        (expired ones included: a clean-up needs partners the window has let go of)."""
+        out = []
+        for i, template in enumerate(self.templates):
+            seqs = sorted(seq for seq in state.stored[i] if seq >= from_seq)
+            raws = [self.store.get(window_block_key(group, i, seq)) for seq in seqs]
+            out.append(concat([template] + [decode_block(raw) for raw in raws if raw is not None]))
+        return out
+
+    # ------------------------------------------------------------ generations
+    def close_generation(self, state: GroupState, seq: int) -> None:
+        """Deferred spill: batch `seq` starts a new generation; the one in memory joins the
+        spilled ones (its window leaves memory, its blocks stay on disk for the clean-up).
+        Nothing to close when the generation in memory stored no block."""
+        ckpt = state.checkpoint
+        newest = [t for stream in state.stored for s, t in stream.items() if s >= ckpt.generation_start]
+        if newest:
+            state.checkpoint = ckpt.model_copy(update={
+                "generations": ckpt.generations + [[ckpt.generation_start, max(newest)]],
+                "generation_start": seq})
+        self._empty_window(state)
+        state.push_pending = False
+
+    def _empty_window(self, state: GroupState) -> None:
+        """Drop the window's tuples from memory, keeping its clock (watermark, floors)."""
+        for i, runs in enumerate(state.window.runs):
+            fresh = SortedRuns(runs.template)
+            fresh.floor = runs.floor
+            state.window.runs[i] = fresh
 
     def install(self, group: int, values: dict[bytes, bytes], offsets: dict[bytes, int], next_offset: int) -> GroupState:
         """Replace `group`'s stored state with `values` (key -> value, as its changelog rebuilt
@@ -147,27 +201,72 @@ class WindowedStore:
         self._sizes[group] = state.window.nbytes
 
     def _dead_blocks(self, state: GroupState, stream: int) -> list[int]:
-        """Stored blocks of `stream` none of whose tuples is live any more."""
+        """Stored blocks of `stream` no live tuple and no pending clean-up needs any more."""
+        ckpt = state.checkpoint
+        if ckpt.generations:
+            # A spilled generation's clean-up reads every later block, expired ones too.
+            return [seq for seq in state.stored[stream] if seq < ckpt.generations[0][0]]
+        cleaned = [seq for seq in state.stored[stream] if seq < ckpt.generation_start]
         runs = state.window.runs[stream]
+        current = {seq: newest for seq, newest in state.stored[stream].items() if seq >= ckpt.generation_start}
         if self.plan.streams[stream].range_ms is None:
             # Count windows expire per key, not by time: ask the tuples themselves.
             live = set(np.unique(runs.merged()[BLOCK_SEQ]).tolist())
-            return [seq for seq in state.stored[stream] if seq not in live]
+            return cleaned + [seq for seq in current if seq not in live]
         # Time windows: a block is dead once its newest tuple is below the window's floor.
-        return [seq for seq, newest in state.stored[stream].items() if newest < runs.floor]
+        return cleaned + [seq for seq, newest in current.items() if newest < runs.floor]
 
-    def evict_cold(self, keep: set[int]) -> None:
-        """Keep the in-memory part under `hot_bytes`; the store already holds everything."""
-        total = self.hot_size
-        for group in list(self._hot):
-            if total <= self.hot_bytes:
-                break
-            if group not in keep:
-                total -= self._hot.pop(group).window.nbytes
+    # ------------------------------------------------------------------ spill
+    def observe(self, group: int, now_ms: int, inserted: int, results: int) -> None:
+        """Seed 003 4.3's statistics after a committed batch of `group`: `inserted` new tuples
+        (the insert time T_u moves when there are any) and `results` produced (P_o)."""
+        activity = self.activity.setdefault(group, GroupActivity(last_insert_ms=now_ms))
+        if inserted:
+            activity.last_insert_ms = now_ms
+        activity.results += results
+
+    def over_budget(self) -> bool:
+        return self.hot_size > self.spill.trigger * self.memory_bytes
+
+    def keep_budget(self, now_ms: int) -> list[tuple[int, int]]:
+        """Past the trigger, push `push_fraction` of the in-memory window bytes (seed 003 4.4).
+        Returns the groups pushed, with their bytes."""
+        if not self.over_budget():
+            return []
+        return self.push(self.spill.push_fraction * self.hot_size, now_ms)
+
+    def push(self, target: float, now_ms: int) -> list[tuple[int, int]]:
+        """Push at least `target` bytes of in-memory windows to disk, victims chosen by
+        `spill.victims` (state/spill.py). Returns the groups pushed, with their bytes."""
+        sizes = {g: s.window.nbytes for g, s in self._hot.items() if s.window.nbytes and not s.push_pending}
+        recency = {g: rank for rank, g in enumerate(self._hot) if g in sizes}  # 0 = least recently used
+        victims = choose_victims(sizes, {g: self.activity.get(g, GroupActivity(now_ms)) for g in sizes},
+                                 recency, target, self.spill, now_ms)
+        pushed = [(g, sizes[g]) for g in victims]
+        for group, _ in pushed:
+            if self.deferred:
+                self._empty_window(self._hot[group])
+                self._hot[group].push_pending = True
+            else:
+                del self._hot[group]
+        self.pushes += len(pushed)
+        return pushed
+
+    def spilled_bytes(self, groups: set[int]) -> int:
+        """Window bytes of `groups` held on disk only: their spilled generations (deferred), or
+        the windows of the groups not in memory (probe)."""
+        if self.deferred:
+            return sum(s.spilled_bytes() for g, s in self._hot.items() if g in groups)
+        return sum(size for g, size in self._sizes.items() if g in groups and g not in self._hot)
+
+    def pending_generations(self) -> dict[int, int]:
+        """Group -> spilled generations not cleaned up yet (deferred spill)."""
+        return {g: len(s.checkpoint.generations) for g, s in self._hot.items() if s.checkpoint.generations}
 
     def forget(self, group: int) -> None:
         self._hot.pop(group, None)
         self._sizes.pop(group, None)
+        self.activity.pop(group, None)
 
     @property
     def hot_size(self) -> int:

@@ -53,7 +53,7 @@ class Worker:
         self.plan = join_plan(job)
         self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
                                    stream_templates(job), job.worker.memory_bytes,
-                                   changelog=job.worker.changelog)
+                                   changelog=job.worker.changelog, spill=job.worker.spill)
         self.topic_stream = {job.topic_of(s): i for i, s in enumerate(job.streams)}
         self.forwarded_stream = {job.by_key_topic(s): i for i, s in enumerate(job.streams)}
         self.routings: list[Routing] = []  # per stream; the source topics' partition counts are read at start
@@ -71,6 +71,7 @@ class Worker:
         self.heard: dict[int, np.ndarray] = {}  # group -> per stream, wall ms of its last record (or of assignment)
         self.idle_seen: dict[int, frozenset[int]] = {}  # group -> its idle streams at its last batch
         self.record_size = RecordSize()  # prices the consumer lag in bytes for the heartbeat's backlog
+        self.results_total = 0  # results produced since start: the coordinator's output-rate signal
         self.health = metrics.HealthState()
         self.stop_flag = StopFlag()
         self.metrics_url = ""
@@ -159,6 +160,8 @@ class Worker:
             if m.error() is not None:
                 continue
             msg = control.decode_control(m.value())
+            if isinstance(msg, control.PushGroups) and msg.worker == self.worker_id:
+                self._push(msg.bytes, "coordinator", msg.why)
             # An assignment older than one applied was overtaken (a move since): it would take
             # back a group this worker already let go of.
             if isinstance(msg, control.Assignment) and msg.worker == self.worker_id and msg.epoch >= self.epoch:
@@ -277,7 +280,21 @@ class Worker:
         tx.commit()  # the Kafka transaction (results, changelog, offsets) committed: now the local copy
         self.committed.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
         self._observe(batches, time.perf_counter() - started)
-        self.store.evict_cold(keep=set())
+        for group, size in self.store.keep_budget(now_ms):
+            self._pushed(group, size, "budget")
+
+    def _push(self, target: int, reason: str, why: str = "") -> None:
+        """Push at least `target` bytes of in-memory windows to disk now (seed 003 section 6's
+        active-disk order from the coordinator)."""
+        pushed = self.store.push(target, int(time.time() * 1000))
+        for group, size in pushed:
+            self._pushed(group, size, reason)
+        log.info("pushed groups to disk", worker=self.worker_id, reason=reason, groups=[g for g, _ in pushed],
+                 bytes=sum(size for _, size in pushed), why=why)
+
+    def _pushed(self, group: int, size: int, reason: str) -> None:
+        metrics.PUSHES.labels(reason).inc()
+        metrics.PUSHED_BYTES.inc(size)
 
     def _idle(self, now_ms: int) -> tuple[dict[int, frozenset[int]], list[int]]:
         """join.idle_timeout_ms: per owned group, its streams with no record for that long, and
@@ -391,6 +408,12 @@ class Worker:
                 metrics.REPARTITION_DUPLICATES.inc(b.duplicates)
             metrics.STATE_BYTES.labels(str(b.group)).set(b.state.window.nbytes)
             metrics.STATE_TUPLES.labels(str(b.group)).set(b.state.window.tuples)
+            self.store.observe(b.group, b.now_ms, sum(len(block) for block in b.appended), len(b.results))
+            self.results_total += len(b.results)
+            if b.cleanup is not None:
+                metrics.CLEANUPS.inc(b.cleanup.generations)
+                metrics.CLEANUP_RESULTS.inc(b.cleanup.results)
+                metrics.CLEANUP_SECONDS.observe(b.cleanup.seconds)
         metrics.HOT_BYTES.set(self.store.hot_size)
 
     # --------------------------------------------------------------- heartbeat
@@ -405,10 +428,25 @@ class Worker:
             state_tuples=sum(s.window.tuples for s in hot.values()), metrics_url=self.metrics_url,
             backlog_bytes=backlog_bytes(self.pending, behind, self.record_size),
             group_bytes=self.store.group_bytes(self.groups), epoch=self.epoch,
+            **self._spill_report(),
         )
         self.control_out.produce(self.job.control_topic, value=control.encode(beat), key=self.worker_id.encode(),
                                  partition=0)
         self.control_out.poll(0)
+
+    def _spill_report(self) -> dict[str, object]:
+        """The heartbeat's spill fields (seed 003 4 and 6), also set as gauges."""
+        pending = {g: n for g, n in self.store.pending_generations().items() if g in self.groups}
+        hot = self.store.hot_groups()
+        backlog = sum(hot[g].spilled_bytes() for g in pending)
+        spilled = self.store.spilled_bytes(self.groups)
+        metrics.SPILLED_BYTES.set(spilled)
+        metrics.GENERATIONS.set(sum(pending.values()))
+        metrics.CLEANUP_BACKLOG.set(backlog)
+        return {"memory_bytes": self.store.hot_size, "memory_budget": self.job.worker.memory_bytes,
+                "spilled_bytes": spilled, "generations": sum(pending.values()), "cleanup_backlog_bytes": backlog,
+                "spilled_groups": sorted(pending), "results_total": self.results_total,
+                "pushes": self.store.pushes}
 
     def _records_behind(self) -> int:
         """Records in the owned groups' input partitions past the consumer's position (not fetched yet)."""

@@ -295,7 +295,8 @@ class Emitter:
 
     def produce_commit(self, b: GroupBatch) -> None:
         commit = BatchCommit(group=b.group, seq=b.seq, end=b.end, watermark=b.watermark, results=len(b.results),
-                             worker=self.worker_id, epoch=self.epoch, now_ms=b.now_ms)
+                             worker=self.worker_id, epoch=self.epoch, now_ms=b.now_ms,
+                             generation_start=b.state.checkpoint.generation_start)
         self.producer.produce(self.job.commits_topic, value=commit.model_dump_json().encode(),
                               key=str(b.group).encode(), partition=b.group, on_delivery=self.deliveries.report)
 

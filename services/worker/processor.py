@@ -9,7 +9,10 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from streamjoin.engine.block import OFF, PART, Block
+import time
+
+from streamjoin.engine.block import OFF, PART, Block, concat
+from streamjoin.engine.cleanup import cleanup_results, generation_of
 from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, process_batch
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block, keys_are_exact
 from streamjoin.services.worker.intake import DeadRecord, Forward, GroupSlice, RecordBuffer, Routing, decode_by_group
@@ -31,6 +34,17 @@ class GroupBatch:
     state: GroupState
     duplicates: int  # forwarded records skipped as copies of ones taken before
     now_ms: int  # the wall clock the batch was decided at (recorded in its commit, so replay decides the same)
+    cleanup: "Cleanup | None" = None  # deferred spill: the generations this batch cleaned up
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """What a batch's clean-up passes did: `generations` cleaned, `results` produced (they are
+    part of the batch's results), `seconds` spent."""
+
+    generations: int
+    results: int
+    seconds: float
 
 
 def join_plan(job: JobSettings) -> JoinPlan:
@@ -43,13 +57,16 @@ def join_plan(job: JobSettings) -> JoinPlan:
 
 def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: dict[int, RecordBuffer],
               routings: Sequence[Routing], now_ms: int, idle: Mapping[int, frozenset[int]] | None = None,
-              extra: Collection[int] = (), floors: Mapping[int, int] | None = None) -> list[GroupBatch]:
+              extra: Collection[int] = (), floors: Mapping[int, int] | None = None,
+              generation_starts: Mapping[int, int] | None = None) -> list[GroupBatch]:
     """Every group with records in `buffers` (per stream), and every group in `extra` (a batch
     without records: an idle stream lets its watermark move), in group order.
 
     `routings[i]` says how stream i's tuples reach their groups; `idle[g]`, the streams of
     group g left out of its watermark (join.idle_timeout_ms); `floors[g]`, a watermark group g's
-    batch reaches at least (recovery replays a batch's recorded watermark with it)."""
+    batch reaches at least (recovery replays a batch's recorded watermark with it);
+    `generation_starts[g]`, the first batch of the generation group g's batch was decided in
+    (recovery replays a recorded push with it)."""
     groups = sorted({g for buf in buffers.values() for g in buf.positions} | set(extra))
     states = {g: store.get(g) for g in groups}
     slices: dict[int, dict[int, GroupSlice]] = {}
@@ -59,20 +76,26 @@ def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: d
             routed = {g: s.checkpoint.routed.get(name, {}) for g, s in states.items()}
             for g, sl in decode_by_group(job, i, buf, routings[i], routed, now_ms).items():
                 slices.setdefault(g, {})[i] = sl
-    idle, floors = idle or {}, floors or {}
+    idle, floors, starts = idle or {}, floors or {}, generation_starts or {}
     return [run_group_batch(job, plan, store, states[g], g, slices.get(g, {}), buffers, now_ms,
-                            idle.get(g, frozenset()), floors.get(g, NO_TIME))
+                            idle.get(g, frozenset()), floors.get(g, NO_TIME), starts.get(g, 0))
             for g in sorted(set(slices) | set(extra))]
 
 
 def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, state: GroupState, group: int,
                     slices: dict[int, GroupSlice], buffers: dict[int, RecordBuffer], now_ms: int,
-                    idle: frozenset[int] = frozenset(), floor: int = NO_TIME) -> GroupBatch:
+                    idle: frozenset[int] = frozenset(), floor: int = NO_TIME,
+                    generation_start: int = 0) -> GroupBatch:
     """One batch of `group`: `slices` its decoded tuples per stream (none: an idle-driven
-    batch); `idle` and `floor` as for process_batch."""
+    batch); `idle` and `floor` as for process_batch; `generation_start`: this batch starts a
+    new generation when it says so (a replayed push; a live push is `state.push_pending`)."""
     seq = state.checkpoint.seq + 1
+    if store.deferred and (state.push_pending or generation_start == seq > state.checkpoint.generation_start):
+        store.close_generation(state, seq)
     deltas = [_tag(slices[i].block if i in slices else store.templates[i], seq) for i in range(len(job.streams))]
     outcome = process_batch(plan, state.window, deltas, now_ms, idle, floor)
+    cleanup = clean_up(plan, store, state, group, outcome.accepted, now_ms) if state.checkpoint.generations else None
+    results = concat([outcome.results, cleanup[0]]) if cleanup else outcome.results
     dead = [d for sl in slices.values() for d in sl.dead]
     for i, late in enumerate(outcome.late):
         if len(late):
@@ -85,9 +108,34 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
         "seq": seq, "end": end, "routed": routed, "max_ts": list(state.window.max_ts),
         "watermark": state.window.watermark,
     })
-    return GroupBatch(group, seq, outcome.results, dead, [f for sl in slices.values() for f in sl.forwards], end,
+    return GroupBatch(group, seq, results, dead, [f for sl in slices.values() for f in sl.forwards], end,
                       state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()),
-                      now_ms)
+                      now_ms, cleanup[1] if cleanup else None)
+
+
+def clean_up(plan: JoinPlan, store: WindowedStore, state: GroupState, group: int, accepted: list[Block],
+             now_ms: int) -> tuple[Block, Cleanup] | None:
+    """Deferred spill: clean up, oldest first, every spilled generation no tuple can join any
+    more (the watermark has passed its newest tuple plus the longest window: a later tuple
+    is late), and drop it from the checkpoint (its blocks are deleted when the batch is
+    staged). `accepted`: the batch's new tuples, which may still join it. Returns the results
+    and what was done, or None when no generation is due."""
+    started = time.perf_counter()
+    longest = max(s.range_ms or 0 for s in plan.streams)
+    parts: list[Block] = []
+    ckpt = state.checkpoint
+    while ckpt.generations and ckpt.generations[0][1] + longest <= state.window.watermark:
+        first = ckpt.generations[0][0]
+        streams = [concat([stored, new]) for stored, new in zip(store.stored_blocks(group, state, first), accepted)]
+        starts = [start for start, _ in ckpt.generations] + [ckpt.generation_start]
+        generations = [generation_of(block[BLOCK_SEQ], starts) for block in streams]
+        parts.append(cleanup_results(plan, streams, generations, 0, now_ms))
+        ckpt = ckpt.model_copy(update={"generations": ckpt.generations[1:]})
+    if not parts:
+        return None
+    state.checkpoint = ckpt
+    results = concat(parts)
+    return results, Cleanup(len(parts), len(results), time.perf_counter() - started)
 
 
 def _tag(block: Block, seq: int) -> Block:

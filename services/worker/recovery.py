@@ -88,7 +88,7 @@ def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: Win
         # its recorded watermark as a floor (a batch an idle stream let advance replays exactly).
         now_ms = commit.now_ms if commit.now_ms is not None else int(time.time() * 1000)
         replayed = run_cycle(job, plan, store, buffers, routings, now_ms, extra=[group],
-                             floors={group: commit.watermark})
+                             floors={group: commit.watermark}, generation_starts={group: commit.generation_start})
         if [b.group for b in replayed] != [group] or replayed[0].end != commit.end:
             raise RuntimeError(f"group {group}: replay of batch {commit.seq} did not reach its recorded boundary")
         batch = replayed[0]

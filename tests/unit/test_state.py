@@ -111,7 +111,7 @@ def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
     store = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), memory_bytes=1)
     _feed(job, store, group=GROUP, batches=3)
     before = _snapshot(store.get(3).window)
-    store.evict_cold(keep=set())
+    store.push(store.hot_size, now_ms=0)
     assert store.hot_groups() == {} and store.hot_size == 0
     assert _snapshot(store.get(3).window) == before
     assert np.all(store.get(3).window.state[0]["_blk"] >= 1)
@@ -124,7 +124,7 @@ def test_group_bytes_are_each_groups_window_hot_or_cold(tmp_path: Path) -> None:
     _feed(job, store, group=GROUP, batches=3)
     size = store.get(GROUP).window.nbytes
     assert size > 0 and store.group_bytes({GROUP}) == {GROUP: size}
-    store.evict_cold(keep=set())
+    store.push(store.hot_size, now_ms=0)
     assert store.group_bytes({GROUP}) == {GROUP: size}  # evicted to RocksDB, still counted
     store.forget(GROUP)
     assert store.group_bytes({GROUP}) == {GROUP: 0}  # no longer owned
