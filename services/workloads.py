@@ -17,18 +17,37 @@ arrival instant (epoch ms, floored). The other fields depend on
             Same-scene images always pass engine.udfs.pixel_similarity
             (threshold 0.9, tolerance 16), others practically never, so
             that share of pairs matches.
+  seed003   seed 003's partition groups of different productivity (the 3-way
+            join on one key field): each tuple picks a partition group g
+            uniformly, then a key uniformly from g's key domain, ints whose
+            key text hashes (Kafka's murmur2) to g, so the record lands in g.
+
+seed003's domain sizing. The paper's tuple range R is the number of distinct
+join values in a range of R tuples of a stream; its range join ratio j is the
+results a tuple is expected to produce within one range. Group g has join
+ratio j = join_ratios[g % len(join_ratios)] and a domain of
+max(1, round(R / partitions / j)) keys: a range brings g about R / partitions
+tuples per stream, so each of g's keys appears about j times per stream per
+range, and a tuple meets about j same-key tuples of every other stream (j^2
+results in a 3-way join). The generator is called per time batch and keeps no
+state, so a range is measured in time: one range = R / rate seconds of a
+stream. A window of that length holds j partners per stream; one of w ranges
+holds w * j (the paper's "4 results in the first 30K tuples, 16 in the next"
+for j = 2: 2^2, then (2 * 2)^2).
 
 Callers seed the generator: the same (seed, stream, batch) gives the same batch.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
 import numpy as np
 
 from streamjoin.settings import JobSettings, StreamSpec
+from streamjoin.topology.partitioner import key_text, partitions_for_keys
 
 Columns = dict[str, np.ndarray]
 
@@ -78,8 +97,16 @@ def sample(job: JobSettings, stream: int, n: int, seed: int) -> Columns:
 def _equijoin(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
               t0_ms: int) -> Columns:
     """Key fields and other numbers carry the b-model key k; free strings are empty but the padding."""
+    k = b_model_keys(rng, len(arrivals), job.workload.skew, job.workload.domain)
+    return _keyed_columns(job, spec, arrivals, k)
+
+
+def _keyed_columns(job: JobSettings, spec: StreamSpec, arrivals: np.ndarray, k: np.ndarray) -> Columns:
+    """The stream's columns for keys k: the time field the arrival ms, key fields and other numbers k,
+    free strings empty but the first, padded so each JSON record is about workload.tuple_bytes long.
+
+    job: the job; spec: the stream; arrivals: arrival instants (ms, float); k: one int64 key per arrival."""
     ts = np.floor(arrivals).astype(np.int64)
-    k = b_model_keys(rng, len(ts), job.workload.skew, job.workload.domain)
     free = [n for n, t in spec.fields.items() if t in ("str", "bytes") and n not in spec.key_fields]
     cols: Columns = {}
     for name, ftype in spec.fields.items():
@@ -207,5 +234,68 @@ def _noisy_images(job: JobSettings, rng: np.random.Generator, picked: np.ndarray
     return np.ascontiguousarray(pixels).view(f"S{width}").reshape(len(picked))
 
 
+# ---------------------------------------------------------------- seed003 (seed 003's join ratios)
+
+
+def seed003_key_field(spec: StreamSpec) -> str:
+    """The stream's one join-key field, which carries seed003's keys.
+
+    spec: the stream. Raises ValueError unless it has exactly one key field, of type int or str:
+    the key text of both is the key's decimal, which the group key pools are hashed by."""
+    if len(spec.key_fields) != 1 or spec.fields[spec.key_fields[0]] not in ("int", "str"):
+        raise ValueError(f"workload.kind seed003 joins on one int or str key field per stream: stream {spec.name} "
+                         f"has key_fields {spec.key_fields}")
+    return spec.key_fields[0]
+
+
+def group_domains(job: JobSettings) -> np.ndarray:
+    """seed003: each partition group's key-domain size, int64[job.partitions]: max(1, round(R / P / j)) for
+    R = workload.tuple_range, P = partitions and group g's ratio j = join_ratios[g % len(join_ratios)]
+    (see the module docstring)."""
+    ratios = np.asarray(job.workload.join_ratios)
+    per_group = ratios[np.arange(job.partitions) % len(ratios)]
+    return np.maximum(1, np.round(job.workload.tuple_range / job.partitions / per_group)).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=8)
+def group_keys(partitions: int, size: int) -> np.ndarray:
+    """The `size` smallest non-negative ints whose key text Kafka's partitioner sends to each partition.
+
+    partitions: the input topics' partition count (the job's groups); size: keys per group.
+    Returns int64[partitions, size], row g ascending, read-only: it is cached, so a batch
+    reuses it rather than hashing again."""
+    # Enough candidates that every group usually gets `size` on the first pass (four
+    # standard deviations over the binomial mean); doubling covers the rest.
+    n = partitions * (size + 4 * math.isqrt(size) + 16)
+    while True:
+        candidates = np.arange(n, dtype=np.int64)
+        groups = partitions_for_keys(key_text([(candidates, "int")]), partitions)
+        counts = np.bincount(groups, minlength=partitions)
+        if counts.min() >= size:
+            break
+        n *= 2
+    by_group = candidates[np.argsort(groups, kind="stable")]  # stable: ascending keys within a group
+    starts = np.cumsum(counts) - counts
+    pools = by_group[starts[:, None] + np.arange(size)]
+    pools.setflags(write=False)
+    return pools
+
+
+def _seed003(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
+             t0_ms: int) -> Columns:
+    """A uniform partition group per tuple, then a key uniform over that group's domain (`group_domains`)
+    from its key pool, so the record lands in the group; other fields as equijoin's.
+
+    job: the job (partitions, workload); spec: the stream; rng: the batch's generator;
+    arrivals: arrival instants (ms, float); t0_ms: the batch's start (unused: keys need no running id)."""
+    seed003_key_field(spec)
+    domains = group_domains(job)
+    # One pool size for every group: a group of domain d draws from its pool's first d keys.
+    pools = group_keys(job.partitions, int(domains.max()))
+    g = rng.integers(0, job.partitions, len(arrivals))
+    k = pools[g, rng.integers(0, domains[g])]
+    return _keyed_columns(job, spec, arrivals, k)
+
+
 _KINDS: dict[str, Callable[[JobSettings, StreamSpec, np.random.Generator, np.ndarray, int], Columns]] = {
-    "equijoin": _equijoin, "band": _band, "images": _images}
+    "equijoin": _equijoin, "band": _band, "images": _images, "seed003": _seed003}

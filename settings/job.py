@@ -338,9 +338,17 @@ class WorkloadSpec(_Strict):
     equijoin  seed 000: b-model keys over `domain`, `tuple_bytes`-sized JSON tuples;
     band      the handshake/SplitJoin band join: numbers uniform in 1..`value_max`;
     images    seed 004: RGB images of `pixels` pixels (Arrow blocks), drawn from
-              round(1 / `selectivity`) scenes, so that share of pairs is similar."""
+              round(1 / `selectivity`) scenes, so that share of pairs is similar;
+    seed003   seed 003's partition groups of different productivity: each stream's one
+              join key lands uniformly in the `partitions` groups, and group g gets
+              join ratio j = join_ratios[g % len(join_ratios)]: within one range of
+              `tuple_range` tuples (tuple_range / rate seconds) a tuple meets about j
+              same-key tuples of each other stream (j^2 results in a 3-way join).
+              Groups start on worker g % workers, so with 3 workers [4, 1, 1] makes
+              worker 0's groups the productive ones (Figure 21), [4, 2, 1] thirds of
+              the groups (Figure 11)."""
 
-    kind: Literal["equijoin", "band", "images"] = "equijoin"
+    kind: Literal["equijoin", "band", "images", "seed003"] = "equijoin"
     rate: float = Field(default=1500.0, gt=0, description="tuples/s per stream")
     skew: float = Field(default=0.7, ge=0.5, lt=1.0, description="b-model bias")
     domain: int = Field(default=1 << 20, gt=1, description="join-key domain size (power of two)")
@@ -350,12 +358,26 @@ class WorkloadSpec(_Strict):
     value_max: int = Field(default=10_000, gt=0, description="band: values uniform in 1..value_max")
     pixels: int = Field(default=10_000, gt=0, description="images: pixels per image (3 bytes each)")
     selectivity: float = Field(default=0.1, gt=0, le=1, description="images: share of image pairs that match")
+    tuple_range: int = Field(default=30_000, gt=0,
+                             description="seed003: distinct join values per range of tuples, over all groups")
+    join_ratios: list[float] = Field(default_factory=lambda: [4.0, 2.0, 1.0], min_length=1,
+                                     description="seed003: group g's join ratio is join_ratios[g % len]")
 
     @field_validator("domain")
     @classmethod
     def _power_of_two(cls, v: int) -> int:
         if v & (v - 1):
             raise ValueError(f"domain must be a power of two for the b-model, e.g. {1 << v.bit_length()}")
+        return v
+
+    @field_validator("join_ratios")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        # NaN fails both comparisons; infinity would size a group's key domain to nothing.
+        bad = [r for r in v if not 0 < r < float("inf")]
+        if bad:
+            raise ValueError(f"join ratios are positive finite numbers (a group's same-key partners per stream per "
+                             f"range), got {bad}")
         return v
 
 

@@ -1,16 +1,26 @@
 """services/workloads.py: deterministic batches of the right columns and types, the
-arrival process, and each kind's distributions (images: the asked-for selectivity)."""
+arrival process, and each kind's distributions (images: the asked-for selectivity; seed003:
+keys in their partition group, same-key partners per tuple growing with the group's join ratio)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from streamjoin.cli import app
 from streamjoin.engine.udfs import pixel_similarity
-from streamjoin.services.workloads import generate, json_lengths, json_values, poisson_times, sample, scenes
-from streamjoin.settings import JobSettings, load
+from streamjoin.services.spark.sources import _check_formats
+from streamjoin.services.workloads import (generate, group_domains, group_keys, json_lengths, json_values,
+                                           poisson_times, sample, scenes, seed003_key_field)
+from streamjoin.settings import JobSettings, SettingsError, load
+from streamjoin.topology.partitioner import key_bytes, key_text, partition_for, partitions_for_keys
 
 JOBS = ["seed000", "band", "band3", "images"]
 DTYPE_KINDS = {"int": "i", "float": "f", "str": "U", "bool": "b", "bytes": "S"}
@@ -116,3 +126,128 @@ def test_image_ids_run_and_scenes_are_shared() -> None:
     assert all(np.all(np.diff(c["id"]) > 0) for c in cols), "a running id"
     # Every stream draws from the same scenes: images of different streams match too.
     assert pixel_similarity(cols[0]["img"][:1].repeat(len(cols[2]["img"])), cols[2]["img"]).any()
+
+
+# ---------------------------------------------------------------- seed003
+
+
+def seed003_job(partitions: int = 6, key_type: str = "int", **workload: object) -> JobSettings:
+    """Seed 003's 3-way join a x b x c on key k, over the seed000 job file's other settings."""
+    streams = [{"name": n, "fields": {"k": key_type, "ts": "int", "pad": "str"}, "time_field": "ts",
+                "key_fields": ["k"], "window": {"range_ms": 60000}} for n in "abc"]
+    return job_of("seed000", partitions=partitions, streams=streams, workload={"kind": "seed003", **workload})
+
+
+def groups_of(keys: np.ndarray, key_type: str, partitions: int) -> np.ndarray:
+    """Each key's partition group as a producer routes the record (the vectorised partitioner)."""
+    return partitions_for_keys(key_text([(keys, key_type)]), partitions)
+
+
+def assert_in_domains(job: JobSettings, keys: np.ndarray, hashed: np.ndarray) -> None:
+    """Every key is one of the first group_domains(job)[g] keys of the pool of the group g it hashes to."""
+    domains = group_domains(job)
+    pools = group_keys(job.partitions, int(domains.max()))
+    for g in np.unique(hashed):
+        assert np.isin(keys[hashed == g], pools[g, :domains[g]]).all(), g
+
+
+@pytest.mark.parametrize("partitions", [1, 7, 60])
+def test_seed003_key_pools_hash_to_their_group(partitions: int) -> None:
+    pools = group_keys(partitions, 40)
+    assert pools.shape == (partitions, 40) and len(np.unique(pools)) == pools.size
+    # The scalar reference partitioner, independent of the vectorised one the pools are built with.
+    assert all(partition_for(key_bytes(int(k)), partitions) == g for g in range(partitions) for k in pools[g])
+    assert group_keys(partitions, 40) is pools, "cached: a batch does not hash again"
+
+
+@pytest.mark.parametrize("key_type", ["int", "str"])
+def test_seed003_keys_land_uniformly_in_their_groups(key_type: str) -> None:
+    job = seed003_job(partitions=12, key_type=key_type, tuple_range=6000, join_ratios=[4, 1])
+    k = batch(job, 0, ms=20_000)["k"]
+    hashed = groups_of(k, key_type, 12)
+    assert_in_domains(job, k.astype(np.int64), hashed)
+    counts = np.bincount(hashed, minlength=12)
+    assert np.all(np.abs(counts - len(k) / 12) < 0.15 * len(k) / 12), counts
+
+
+def test_seed003_domains_follow_the_ratios() -> None:
+    job = seed003_job(partitions=6, tuple_range=12_000, join_ratios=[4, 2, 1])
+    assert group_domains(job).tolist() == [500, 1000, 2000] * 2
+    assert group_domains(seed003_job(partitions=64, tuple_range=10, join_ratios=[3])).tolist() == [1] * 64
+
+
+def test_seed003_deterministic_per_rng_and_sampled() -> None:
+    job = seed003_job()
+    assert same(batch(job, 0), batch(job, 0))
+    assert not same(batch(job, 0), batch(job, 0, seed=4))
+    cols = sample(job, 2, 300, seed=5)
+    assert same(cols, sample(job, 2, 300, seed=5))
+    assert list(cols) == ["k", "ts", "pad"] and cols["ts"].tolist() == list(range(300))
+    assert_in_domains(job, cols["k"], groups_of(cols["k"], "int", job.partitions))
+    assert np.all(json_lengths(job.streams[2], cols) == job.workload.tuple_bytes)
+
+
+@pytest.mark.parametrize("ranges", [1, 2])
+def test_seed003_partners_per_tuple_grow_with_the_join_ratio(ranges: int) -> None:
+    """Within w ranges, a tuple of group ratio j meets about w * j same-key tuples of each other
+    stream, so about (w * j)^2 3-way results (the paper: ratio 2 gives 4, then 16)."""
+    rate, tuple_range = 2000.0, 12_000
+    job = seed003_job(partitions=6, tuple_range=tuple_range, join_ratios=[4, 1])
+    span = int(ranges * tuple_range / rate * 1000)  # one range = tuple_range / rate seconds
+    # Generated per one-second batch, as the Spark sources do: the ratio must not need state across batches.
+    streams = [np.concatenate([generate(job, i, np.random.default_rng([11, i, t]), T0 + t, T0 + t + 1000, rate)["k"]
+                               for t in range(0, span, 1000)]) for i in range(3)]
+    a, others = streams[0], streams[1:]
+    partners = []
+    for keys in others:
+        values, counts = np.unique(keys, return_counts=True)
+        at = np.minimum(np.searchsorted(values, a), len(values) - 1)
+        partners.append(np.where(values[at] == a, counts[at], 0))
+    ratio = np.array([4.0, 1.0])[groups_of(a, "int", 6) % 2]
+    for j in (4.0, 1.0):
+        mine = ratio == j
+        for p in partners:
+            assert abs(p[mine].mean() - ranges * j) < 0.1 * ranges * j, (j, p[mine].mean())
+        results = (partners[0] * partners[1])[mine].mean()
+        assert abs(results - (ranges * j) ** 2) < 0.15 * (ranges * j) ** 2, (j, results)
+
+
+@pytest.mark.parametrize("workload, field", [
+    ({"join_ratios": []}, "workload.join_ratios"),
+    ({"join_ratios": [4, 0]}, "workload.join_ratios"),
+    ({"join_ratios": [-1.0]}, "workload.join_ratios"),
+    ({"join_ratios": [float("nan")]}, "workload.join_ratios"),
+    ({"join_ratios": [float("inf")]}, "workload.join_ratios"),
+    ({"tuple_range": 0}, "workload.tuple_range"),
+])
+def test_seed003_bad_settings_name_the_field(tmp_path: Path, workload: dict, field: str) -> None:
+    with pytest.raises(SettingsError, match=field):
+        seed003_job(**workload)
+    data = yaml.safe_load(Path("streamjoin/jobs/seed000.yaml").read_text())
+    data["workload"].update(kind="seed003", **workload)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["topics", "check", "--job", str(tmp_path / "job.yaml"),
+                                      "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2 and field in result.output, result.output
+
+
+@pytest.mark.parametrize("update", [{"key_fields": []}, {"key_fields": ["k", "ts"]},
+                                    {"fields": {"k": "bool", "ts": "int", "pad": "str"}}])
+def test_seed003_needs_one_int_or_str_key_field(update: dict) -> None:
+    """Checked by the generator and, before Spark starts, by the sources job."""
+    job = seed003_job()
+    spec = job.streams[1].model_copy(update=update)
+    with pytest.raises(ValueError, match="stream b"):
+        seed003_key_field(spec)
+    with pytest.raises(ValueError, match="stream b"):
+        _check_formats(job.model_copy(update={"streams": [job.streams[0], spec, job.streams[2]]}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 20_000), st.lists(st.floats(0.5, 8.0), min_size=1, max_size=4),
+       st.integers(0, 2**32 - 1))
+def test_seed003_fuzz_every_key_lands_in_its_group(partitions: int, tuple_range: int, ratios: list[float],
+                                                    seed: int) -> None:
+    job = seed003_job(partitions=partitions, tuple_range=tuple_range, join_ratios=ratios)
+    k = generate(job, 0, np.random.default_rng(seed), T0, T0 + 500, 1000.0)["k"]
+    assert_in_domains(job, k, groups_of(k, "int", partitions))
