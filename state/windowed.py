@@ -229,11 +229,13 @@ class WindowedStore:
         return self.hot_size > self.spill.trigger * self.memory_bytes
 
     def keep_budget(self, now_ms: int) -> list[tuple[int, int]]:
-        """Past the trigger, push `push_fraction` of the in-memory window bytes (seed 003 4.4).
+        """Past the trigger, push `push_fraction` of the in-memory window bytes (seed 003 4.4),
+        or more when that would still leave memory past the trigger (a budget is a bound).
         Returns the groups pushed, with their bytes."""
         if not self.over_budget():
             return []
-        return self.push(self.spill.push_fraction * self.hot_size, now_ms)
+        excess = self.hot_size - self.spill.trigger * self.memory_bytes
+        return self.push(max(self.spill.push_fraction * self.hot_size, excess), now_ms)
 
     def push(self, target: float, now_ms: int) -> list[tuple[int, int]]:
         """Push at least `target` bytes of in-memory windows to disk, victims chosen by

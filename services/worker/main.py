@@ -211,6 +211,7 @@ class Worker:
             self.committed.update({(tp.topic, tp.partition): tp.offset for tp in assigned if tp.offset >= 0})
             now_ms = int(time.time() * 1000)
             self.heard.update({g: np.full(len(self.job.streams), now_ms, np.int64) for g in added})
+            self._keep_budget()
         self.groups = wanted
         metrics.GROUPS.set(len(wanted))
         log.info("assignment applied", groups=len(wanted), added=len(added), removed=len(removed))
@@ -280,19 +281,23 @@ class Worker:
         tx.commit()  # the Kafka transaction (results, changelog, offsets) committed: now the local copy
         self.committed.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
         self._observe(batches, time.perf_counter() - started)
-        for group, size in self.store.keep_budget(now_ms):
-            self._pushed(group, size, "budget")
+        self._keep_budget()
+
+    def _keep_budget(self) -> None:
+        """Within the memory budget again after a cycle or a recovery (worker.spill)."""
+        for _, size in self.store.keep_budget(int(time.time() * 1000)):
+            self._pushed(size, "budget")
 
     def _push(self, target: int, reason: str, why: str = "") -> None:
         """Push at least `target` bytes of in-memory windows to disk now (seed 003 section 6's
         active-disk order from the coordinator)."""
         pushed = self.store.push(target, int(time.time() * 1000))
-        for group, size in pushed:
-            self._pushed(group, size, reason)
+        for _, size in pushed:
+            self._pushed(size, reason)
         log.info("pushed groups to disk", worker=self.worker_id, reason=reason, groups=[g for g, _ in pushed],
                  bytes=sum(size for _, size in pushed), why=why)
 
-    def _pushed(self, group: int, size: int, reason: str) -> None:
+    def _pushed(self, size: int, reason: str) -> None:
         metrics.PUSHES.labels(reason).inc()
         metrics.PUSHED_BYTES.inc(size)
 
@@ -379,6 +384,7 @@ class Worker:
         self.skip_dead.update(self._recover_until_done(groups))
         for tp in self._partitions(groups, from_checkpoint=True):
             self.consumer.seek(tp)  # OFFSET_BEGINNING too: the failed cycle may have read there
+        self._keep_budget()
 
     def _recover_until_done(self, groups: set[int]) -> dict[int, set[tuple[str, int, int]]]:
         """Recovery reads Kafka; while the broker is away, wait for it and try again. Returns

@@ -35,7 +35,7 @@ from streamjoin.engine.block import Block
 from streamjoin.schemas import result_codec
 from streamjoin.schemas.columns import to_bytes_list
 from streamjoin.schemas.results import BatchCommit, dead_letter_headers
-from streamjoin.services import metrics
+from streamjoin.services import faults, metrics
 from streamjoin.services.worker.processor import GroupBatch
 from streamjoin.settings import JobSettings
 from streamjoin.state import changelog
@@ -229,6 +229,8 @@ class Emitter:
             for b in batches:
                 self.results.write(b.results, group=b.group)
             flush(self.producer, self.deliveries)
+            if any(b.cleanup is not None or b.read_back for b in batches):
+                faults.reach("spill-written")  # results from spilled state written, not committed
             self._record_positions(batches)
             self.log_state(stage())
             self.commit(consumer, offsets)

@@ -35,6 +35,7 @@ class GroupBatch:
     duplicates: int  # forwarded records skipped as copies of ones taken before
     now_ms: int  # the wall clock the batch was decided at (recorded in its commit, so replay decides the same)
     cleanup: "Cleanup | None" = None  # deferred spill: the generations this batch cleaned up
+    read_back: bool = False  # probe spill: the group's window was pushed and read back for this batch
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: d
     `generation_starts[g]`, the first batch of the generation group g's batch was decided in
     (recovery replays a recorded push with it)."""
     groups = sorted({g for buf in buffers.values() for g in buf.positions} | set(extra))
+    in_memory = store.hot_groups()
+    read_back = {g for g in groups if g not in in_memory and g in store.activity}  # pushed since it was seen
     states = {g: store.get(g) for g in groups}
     slices: dict[int, dict[int, GroupSlice]] = {}
     for i, buf in buffers.items():
@@ -77,9 +80,12 @@ def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: d
             for g, sl in decode_by_group(job, i, buf, routings[i], routed, now_ms).items():
                 slices.setdefault(g, {})[i] = sl
     idle, floors, starts = idle or {}, floors or {}, generation_starts or {}
-    return [run_group_batch(job, plan, store, states[g], g, slices.get(g, {}), buffers, now_ms,
-                            idle.get(g, frozenset()), floors.get(g, NO_TIME), starts.get(g, 0))
-            for g in sorted(set(slices) | set(extra))]
+    batches = [run_group_batch(job, plan, store, states[g], g, slices.get(g, {}), buffers, now_ms,
+                               idle.get(g, frozenset()), floors.get(g, NO_TIME), starts.get(g, 0))
+               for g in sorted(set(slices) | set(extra))]
+    for b in batches:
+        b.read_back = b.group in read_back
+    return batches
 
 
 def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, state: GroupState, group: int,
