@@ -306,7 +306,7 @@ class CoordinatorSpec(_Strict):
 # actions of seed 003's migration protocol (services/coordinator/moves.py says which).
 CRASH_STEPS = {
     "coordinator": ("move-stored", "release-stored", "failover-stored"),
-    "worker": ("sender-committed", "receiver-fenced", "receiver-restored", "receiver-recovered"),
+    "worker": ("sender-committed", "receiver-fenced", "receiver-restored", "receiver-recovered", "spill-written"),
 }
 
 
