@@ -110,6 +110,9 @@ FENCED = Counter("streamjoin_fenced_workers", "Dead workers whose transactions t
                  "recovering the groups they held", registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
 GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
+PUSH_ORDERS = Counter("streamjoin_coordinator_push_orders_total", "Push orders sent to workers (active-disk, seed "
+                      "003 6: the worker with the lowest output rate per group pushes state to disk)",
+                      registry=REGISTRY)
 RING_MESSAGES = Counter("streamjoin_ring_messages", "Ring messages handled by this node", ["kind"],
                         registry=REGISTRY)
 RING_SLICE_TUPLES = Gauge("streamjoin_ring_slice_tuples", "Tuples in this ring node's slices (incl. marked)",

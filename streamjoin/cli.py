@@ -187,7 +187,8 @@ def coordinator(job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port
 @app.command()
 def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
            as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False) -> None:
-    """Workers, their partition groups, lag and window state size."""
+    """Workers, their partition groups, lag, window state size and spill (memory against the
+    budget, bytes on disk, generations, clean-up backlog)."""
     from streamjoin.services.coordinator.status import snapshot
 
     s = _settings(job, bootstrap=bootstrap)
@@ -197,19 +198,30 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None,
         return
     table = Table(title=f"job {snap['job']}: {snap['groups_placed']} groups placed, epoch {snap['epoch']}, "
                         f"{len(snap['moving'])} moving")
-    for col in ("worker", "alive", "role", "groups", "epoch", "lag", "backlog KB", "state MB", "tuples"):
+    for col in ("worker", "alive", "role", "groups", "epoch", "lag", "backlog KB", "state MB", "tuples",
+                "memory MB (in/budget)", "spilled MB", "generations", "clean-up MB"):
         table.add_column(col)
     for w in snap["workers"]:
-        mb = f"{w['state_bytes'] / 1e6:.1f}" if w["state_bytes"] is not None else "-"
         kb = f"{w['backlog_bytes'] / 1e3:.0f}" if w["backlog_bytes"] is not None else "-"
+        memory = f"{_mb(w['memory_bytes'])}/{_mb(w['memory_budget'])}" if w["memory_budget"] else "-"
         table.add_row(w["worker"], "yes" if w["alive"] else "NO", w["role"], str(len(w["held_groups"])),
-                      str(w["epoch"]), str(w["lag"]), kb, mb, str(w["state_tuples"]))
+                      str(w["epoch"]), str(w["lag"]), kb, _mb(w["state_bytes"]), str(w["state_tuples"]),
+                      memory, _mb(w["spilled_bytes"]), _or_dash(w["generations"]), _mb(w["cleanup_backlog_bytes"]))
     Console().print(table)
     for m in snap["moving"]:
         Console().print(f"group {m['group']}: moving from {m['from']} to {m['to']}")
     if snap["ring_failed"]:
         Console().print(f"[red]ring failed ({snap['ring_failed']}): it produces no more results; "
                         "restart the job on fresh topics[/red]")
+
+
+def _mb(value: int | None) -> str:
+    """`value` bytes in MB for a status cell; "-" when the worker did not report it."""
+    return f"{value / 1e6:.1f}" if value is not None else "-"
+
+
+def _or_dash(value: int | None) -> str:
+    return str(value) if value is not None else "-"
 
 
 def _placement_request(s: JobSettings, request: object) -> None:
@@ -290,7 +302,8 @@ def rebalance(
     seed: Annotated[Optional[int], typer.Option(help="seed of the random group choice (default: unseeded)")] = None,
 ) -> None:
     """What the coordinator's adaptive policy would do now, and why (hash mode): each worker's
-    occupancy, role and state bytes, and the planned moves and scale change, as JSON.
+    occupancy, role, state bytes and spill, and the planned moves, scale change or active-disk
+    push order (seed 003 6), as JSON.
 
     Only --dry-run exists (exit 2 without it): with `coordinator.placement: adaptive` the
     coordinator starts the policy's moves itself; `streamjoin move` and `drain` move groups by hand."""

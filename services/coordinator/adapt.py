@@ -13,11 +13,19 @@ Two papers, one decision per epoch:
   `memory_balance_theta`, about (M_most - M_least) / 2 of window state moves from the fullest
   to the emptiest worker, at most once per `memory_balance_interval_ms`, and never beside
   another adaptation (section 6, restriction 1: one adaptation at a time).
+- Seed 003 section 6 (`disk_adaptation`), how balancing lives with the workers' spill. local:
+  each worker spills on its own and the policy ignores spill (memory = all window state).
+  lazy-disk: memory = window bytes in memory; no policy move takes a group with generations on
+  disk (restriction 2), and balancing does not start in an epoch in which its sender or
+  receiver pushed (restriction 1). active-disk: lazy-disk, and once memory needs no move, a
+  worker whose output rate per group lags (Max_rate / Min_rate > `output_rate_theta`) is told
+  to push its least productive groups, at most M_q - M_c bytes.
 
 Seed 000's step comes first: backlog is the throughput signal, and it runs every epoch. Memory
-balancing takes an epoch in which seed 000 decides nothing. No adaptation starts while one is
-under way (`History.in_flight`). Call `plan_epoch` once per reorganisation epoch
-(`coordinator.reorg_epoch_ms`): "one group per supplier" is per call.
+balancing takes an epoch in which seed 000 decides nothing; an active-disk push one in which
+neither moves anything. No adaptation starts while one is under way (`History.in_flight`).
+Call `plan_epoch` once per reorganisation epoch (`coordinator.reorg_epoch_ms`): "one group per
+supplier" is per call.
 
 Only alive workers take part: a dead worker is neither a source nor a target (its groups are
 failover's business). Active workers hold groups; standbys heartbeat and hold nothing, and are
@@ -32,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from streamjoin.settings import CoordinatorSpec
+from streamjoin.settings.job import SpillSpec
 
 Role = Literal["active", "standby"]
 LoadClass = Literal["supplier", "consumer", "neutral"]
@@ -39,6 +48,9 @@ MoveReason = Literal["load", "scale-in", "memory"]
 SEED000_LOAD = "seed 000 IV-C"
 SEED000_DEGREE = "seed 000 V-A"
 SEED003_MEMORY = "seed 003 5.1"
+SEED003_DISK = "seed 003 6"
+# worker.spill.push_fraction's default, for callers that plan without a job's worker section.
+DEFAULT_PUSH_FRACTION: float = SpillSpec.model_fields["push_fraction"].default
 
 
 @dataclass(frozen=True)
@@ -49,35 +61,57 @@ class WorkerObservation:
     role: active (holds groups) or standby (heartbeats, holds nothing).
     backlog_samples: the backlog bytes its heartbeats reported during the epoch (seed 000 IV-C
     samples the buffer at the end of each distribution epoch and averages the samples).
-    group_bytes: window state bytes of each group it holds."""
+    group_bytes: window state bytes of each group it holds.
+    The spill fields come from its newest heartbeat (seed 003 6): memory_bytes: window bytes in
+    memory (None: the worker does not report spill, see `memory`); memory_budget:
+    worker.memory_bytes; spilled_bytes: window bytes on disk only; spilled_groups: groups with
+    generations on disk; results: results it produced during the epoch (None: fewer than two of
+    its heartbeats in the epoch, or no spill report); pushed: it pushed state to disk during the
+    epoch."""
 
     worker: str
     alive: bool
     role: Role
     backlog_samples: tuple[int, ...] = ()
     group_bytes: Mapping[int, int] = field(default_factory=dict)
+    memory_bytes: int | None = None
+    memory_budget: int = 0
+    spilled_bytes: int = 0
+    spilled_groups: frozenset[int] = frozenset()
+    results: int | None = None
+    pushed: bool = False
 
     @property
     def state_bytes(self) -> int:
         return sum(self.group_bytes.values())
 
+    @property
+    def memory(self) -> int:
+        """Window bytes in memory (seed 003 6's M_u). A worker that does not report spill keeps
+        its whole window in memory, so then it is all its state."""
+        return self.state_bytes if self.memory_bytes is None else self.memory_bytes
+
 
 @dataclass(frozen=True)
 class History:
-    """When the previous adaptations started (ms on the caller's clock; None: never) and whether
-    one is still under way (a migration in flight)."""
+    """When the previous adaptations started (ms on the caller's clock; None: never), whether
+    one is still under way (a migration in flight), and when the coordinator last ordered a
+    push (active-disk)."""
 
     last_scale_ms: int | None = None
     last_memory_ms: int | None = None
     in_flight: bool = False
+    last_push_ms: int | None = None
 
     def after(self, plan: "Plan") -> "History":
-        """This history once `plan` has started (its migrations are then in flight)."""
+        """This history once `plan` has started (its migrations are then in flight; a push order
+        is the worker's own work, no migration)."""
         return replace(
             self,
             last_scale_ms=plan.now_ms if plan.scale is not None else self.last_scale_ms,
             last_memory_ms=plan.now_ms if plan.adaptation == "memory" else self.last_memory_ms,
             in_flight=self.in_flight or bool(plan.moves),
+            last_push_ms=plan.now_ms if plan.push is not None else self.last_push_ms,
         )
 
 
@@ -103,25 +137,40 @@ class ScaleChange:
 
 
 @dataclass(frozen=True)
+class PushOrder:
+    """Active-disk (seed 003 6): worker `worker` pushes at least `bytes` of in-memory window
+    state to disk, least productive groups first (control.PushGroups)."""
+
+    worker: str
+    bytes: int
+    why: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """One epoch's decision. occupancy/load_class: per alive active worker (occupancy None when
-    it reported no backlog sample in the epoch); notes: what was considered and not done, and why."""
+    it reported no backlog sample in the epoch); push: an active-disk push order (never beside
+    moves); notes: what was considered and not done, and why."""
 
     now_ms: int
     occupancy: dict[str, float | None]
     load_class: dict[str, LoadClass]
     moves: tuple[Move, ...] = ()
     scale: ScaleChange | None = None
+    push: PushOrder | None = None
     notes: tuple[str, ...] = ()
 
     @property
-    def adaptation(self) -> Literal["load", "scale-in", "memory"] | None:
+    def adaptation(self) -> Literal["load", "scale-in", "memory", "disk"] | None:
         """The one adaptation this plan starts: seed 000's reorganisation (moves and a
-        scale-out), a scale-in (a drain), seed 003's memory balancing, or none."""
+        scale-out), a scale-in (a drain), seed 003's memory balancing, an active-disk push
+        order, or none."""
         if self.scale is not None and self.scale.action == "scale-in":
             return "scale-in"
         if self.moves:
             return "memory" if self.moves[0].reason == "memory" else "load"
+        if self.push is not None:
+            return "disk"
         return "load" if self.scale is not None else None
 
 
@@ -152,15 +201,38 @@ def _cooling(last_ms: int | None, now_ms: int, cooldown_ms: int) -> int:
     return 0 if last_ms is None else max(0, last_ms + cooldown_ms - now_ms)
 
 
+def pinned(o: WorkerObservation, settings: CoordinatorSpec) -> frozenset[int]:
+    """The groups of `o` no policy move may take: under lazy-disk and active-disk those with
+    generations on disk (seed 003 6, restriction 2: moving them would complicate their
+    clean-up); none under local."""
+    if settings.disk_adaptation == "local":
+        return frozenset()
+    return o.spilled_groups & frozenset(o.group_bytes)
+
+
+def movable(o: WorkerObservation, settings: CoordinatorSpec) -> dict[int, int]:
+    """The groups of `o` a policy move may take, with their state bytes."""
+    kept = pinned(o, settings)
+    return {g: b for g, b in o.group_bytes.items() if g not in kept}
+
+
+def memory_signal(o: WorkerObservation, settings: CoordinatorSpec) -> int:
+    """Seed 003's memory of a worker: all its window state under local (today's behaviour, spill
+    ignored), its window bytes in memory under lazy-disk and active-disk (what spill frees)."""
+    return o.state_bytes if settings.disk_adaptation == "local" else o.memory
+
+
 # ------------------------------------------------------------------ the epoch
 def plan_epoch(observations: Sequence[WorkerObservation], settings: CoordinatorSpec, now_ms: int,
-               history: History, rng: random.Random) -> Plan:
+               history: History, rng: random.Random, push_fraction: float = DEFAULT_PUSH_FRACTION) -> Plan:
     """The adaptation to start at the end of this reorganisation epoch.
 
     observations: every known worker, dead ones included; settings: the job's coordinator
     section; now_ms: the epoch's end on the caller's clock (cool-downs are measured on it);
     history: the previous adaptations; rng: the only source of randomness (which group a
-    supplier yields), injected so a plan can be replayed."""
+    supplier yields), injected so a plan can be replayed; push_fraction: the job's
+    worker.spill.push_fraction, the share of a worker's memory an active-disk push order asks
+    for at most."""
     active = sorted((o for o in observations if o.alive and o.role == "active"), key=lambda o: o.worker)
     occ = {o.worker: occupancy(o.backlog_samples, settings.buffer_bytes) for o in active}
     classes = {w: classify(x, settings) for w, x in occ.items()}
@@ -172,7 +244,10 @@ def plan_epoch(observations: Sequence[WorkerObservation], settings: CoordinatorS
     load = _plan_load(base, active, standbys, settings, history, rng)
     if load.adaptation is not None:
         return load
-    return _plan_memory(load, active, settings, history)
+    memory, settled = _plan_memory(load, active, settings, history)
+    if memory.moves or not settled or settings.disk_adaptation != "active-disk":
+        return memory
+    return _plan_push(memory, active, settings, history, push_fraction)
 
 
 def _plan_load(plan: Plan, active: list[WorkerObservation], standbys: list[str], settings: CoordinatorSpec,
@@ -205,10 +280,17 @@ def _scale_in(plan: Plan, active: list[WorkerObservation], settings: Coordinator
     if left:
         return replace(plan, notes=(f"no supplier: scale in waits {left / 1000:.1f} s more for "
                                     f"coordinator.scale_cooldown_ms ({SEED000_DEGREE})",))
-    victim = min(active, key=lambda o: (o.state_bytes, plan.occupancy[o.worker] or 0.0, o.worker))
+    drainable = [o for o in active if not pinned(o, settings)]
+    if not drainable:
+        return replace(plan, notes=(f"no supplier, but every active worker holds groups with generations on disk, "
+                                    f"which {settings.disk_adaptation} never moves: none is drained "
+                                    f"({SEED000_DEGREE}; {SEED003_DISK}, restriction 2)",))
+    victim = min(drainable, key=lambda o: (o.state_bytes, plan.occupancy[o.worker] or 0.0, o.worker))
+    spared = len(active) - len(drainable)
+    among = f" of the {len(drainable)} holding no group with generations on disk ({SEED003_DISK})" if spared else ""
     why = (f"no worker is a supplier (occupancy > {settings.supplier_occupancy}): the degree of declustering "
-           f"shrinks by one; {victim.worker} holds the least state ({victim.state_bytes} bytes) and is drained to "
-           f"standby ({SEED000_DEGREE})")
+           f"shrinks by one; {victim.worker} holds the least state{among} ({victim.state_bytes} bytes) and is "
+           f"drained to standby ({SEED000_DEGREE})")
     moves = _drain(victim, [o for o in active if o is not victim])
     return replace(plan, moves=tuple(moves), scale=ScaleChange("scale-in", victim.worker, why))
 
@@ -256,13 +338,19 @@ def _load_moves(plan: Plan, active: Mapping[str, WorkerObservation], suppliers: 
         if len(groups) < 2:
             notes.append(f"{supplier} is a supplier but holds {len(groups)} group(s): it keeps it")
             continue
+        free_groups = movable(active[supplier], settings)
+        if not free_groups:
+            notes.append(f"{supplier} is a supplier but every group it holds has generations on disk, which "
+                         f"{settings.disk_adaptation} never moves ({SEED003_DISK}, restriction 2)")
+            continue
         consumer = next(free, None)
         if consumer is None:
             notes.append(f"{supplier} is a supplier but no consumer is left to take a group ({SEED000_LOAD})")
             continue
-        group = _yielded_group(groups, settings.yield_group, rng)
-        moves.append(Move(group, supplier, consumer, "load", groups[group], _load_why(plan, supplier, consumer,
-                                                                                   group, len(groups), settings)))
+        group = _yielded_group(free_groups, settings.yield_group, rng)
+        moves.append(Move(group, supplier, consumer, "load", groups[group],
+                          _load_why(plan, supplier, consumer, group, len(free_groups), len(groups) - len(free_groups),
+                                    settings)))
     return moves, notes
 
 
@@ -273,39 +361,64 @@ def _yielded_group(group_bytes: Mapping[int, int], how: str, rng: random.Random)
     return rng.choice(sorted(group_bytes))
 
 
-def _load_why(plan: Plan, supplier: str, consumer: str, group: int, held: int, settings: CoordinatorSpec) -> str:
+def _load_why(plan: Plan, supplier: str, consumer: str, group: int, held: int, kept: int,
+              settings: CoordinatorSpec) -> str:
+    """held: the supplier's groups it could yield; kept: those with generations on disk it keeps."""
     consumer_occ = plan.occupancy.get(consumer)
     taker = (f"{consumer}, a consumer (occupancy {consumer_occ:.3f} < {settings.consumer_occupancy})"
              if consumer_occ is not None else f"{consumer}, the standby just activated")
+    staying = f"; its {kept} with generations on disk stay ({SEED003_DISK}, restriction 2)" if kept else ""
     return (f"{supplier} is a supplier (occupancy {plan.occupancy[supplier]:.3f} > {settings.supplier_occupancy}): "
-            f"it yields group {group} ({settings.yield_group} of its {held}) to {taker} ({SEED000_LOAD})")
+            f"it yields group {group} ({settings.yield_group} of its {held}{staying}) to {taker} ({SEED000_LOAD})")
 
 
 # ------------------------------------------------------------------ memory
-def _plan_memory(plan: Plan, active: list[WorkerObservation], settings: CoordinatorSpec, history: History) -> Plan:
+def _plan_memory(plan: Plan, active: list[WorkerObservation], settings: CoordinatorSpec,
+                 history: History) -> tuple[Plan, bool]:
     """Seed 003 5.1: when M_least / M_most < theta_d, move (M_most - M_least) / 2 of state from
     the fullest worker (the sender) to the emptiest (the receiver); 5.2: at most once per
-    `memory_balance_interval_ms`."""
+    `memory_balance_interval_ms`. Under lazy-disk and active-disk (section 6) M is the window
+    bytes in memory, the sender's groups with generations on disk stay (restriction 2), and no
+    balancing starts in an epoch in which the sender or the receiver pushed (restriction 1).
+
+    Returns the plan and whether memory is settled: balanced, or unbalanced in a way no move
+    can narrow. It is not settled while balancing moves or only waits (its interval, a push):
+    active-disk then orders no push, since balancing will act soon (one adaptation at a time)."""
     if len(active) < 2:
-        return plan
-    ordered = sorted(active, key=lambda o: (o.state_bytes, o.worker))
+        return plan, True
+    ordered = sorted(active, key=lambda o: (memory_signal(o, settings), o.worker))
     receiver, sender = ordered[0], ordered[-1]
-    most, least = sender.state_bytes, receiver.state_bytes
+    most, least = memory_signal(sender, settings), memory_signal(receiver, settings)
     if most == 0 or least / most >= settings.memory_balance_theta:
-        return plan
+        return plan, True
     ratio = f"M_least / M_most = {least}/{most} = {least / most:.3f} < {settings.memory_balance_theta}"
+    if settings.disk_adaptation != "local":
+        ratio = f"{ratio} (window bytes in memory, {settings.disk_adaptation})"
     left = _cooling(history.last_memory_ms, plan.now_ms, settings.memory_balance_interval_ms)
     if left:
-        return replace(plan, notes=plan.notes + (f"{ratio}: memory balancing waits {left / 1000:.1f} s more for "
-                                                 "coordinator.memory_balance_interval_ms (seed 003 5.2)",))
-    chosen = half_the_gap(sender.group_bytes, (most - least) / 2)
+        return _noted(plan, f"{ratio}: memory balancing waits {left / 1000:.1f} s more for "
+                            "coordinator.memory_balance_interval_ms (seed 003 5.2)"), False
+    pushers = [o.worker for o in (sender, receiver) if o.pushed]
+    if pushers and settings.disk_adaptation != "local":
+        return _noted(plan, f"{ratio}, but {' and '.join(pushers)} pushed state to disk in this epoch: memory "
+                            f"balancing waits for an epoch without a push ({SEED003_DISK}, restriction 1: one "
+                            "adaptation at a time)"), False
+    kept = pinned(sender, settings)
+    staying = (f" ({len(kept)} of its groups have generations on disk and stay: {SEED003_DISK}, restriction 2)"
+               if kept else "")
+    chosen = half_the_gap(movable(sender, settings), (most - least) / 2)
     if not chosen:
-        return replace(plan, notes=plan.notes + (f"{ratio}, but every group of {sender.worker} is at least the gap "
-                                                 "it would close: moving one would not narrow it",))
+        return _noted(plan, f"{ratio}, but every group of {sender.worker} that may move{staying} is at least the "
+                            "gap it would close: moving one would not narrow it"), True
     why = (f"{ratio}: move about (M_most - M_least) / 2 = {(most - least) / 2:.0f} bytes from {sender.worker} "
-           f"(fullest) to {receiver.worker} (emptiest) ({SEED003_MEMORY})")
+           f"(fullest) to {receiver.worker} (emptiest){staying} ({SEED003_MEMORY})")
     moves = tuple(Move(g, sender.worker, receiver.worker, "memory", sender.group_bytes[g], why) for g in chosen)
-    return replace(plan, moves=moves)
+    return replace(plan, moves=moves), False
+
+
+def _noted(plan: Plan, note: str) -> Plan:
+    """`plan` with `note` (something considered and not done, and why) added."""
+    return replace(plan, notes=plan.notes + (note,))
 
 
 def half_the_gap(group_bytes: Mapping[int, int], target: float) -> list[int]:
@@ -319,3 +432,55 @@ def half_the_gap(group_bytes: Mapping[int, int], target: float) -> list[int]:
             chosen.append(group)
             remaining -= size
     return chosen
+
+
+# ------------------------------------------------------------------ active-disk
+def output_rates(active: list[WorkerObservation], epoch_ms: int) -> dict[str, float]:
+    """Seed 003 6: a worker's average output rate, the results it produced in the epoch (the
+    sampling time) per second, divided by the number of partition groups it holds. Only workers
+    with a results count and at least one group have one."""
+    return {o.worker: o.results / (epoch_ms / 1000) / len(o.group_bytes)
+            for o in active if o.results is not None and o.group_bytes}
+
+
+def _plan_push(plan: Plan, active: list[WorkerObservation], settings: CoordinatorSpec, history: History,
+               push_fraction: float) -> Plan:
+    """Seed 003 6, active-disk, in an epoch whose memory is settled and that moves nothing: when
+    Max_rate / Min_rate > theta_f (a Min_rate of 0 below a Max_rate above 0 counts as diverged;
+    all 0 is no signal), the worker with the lowest rate pushes min(push_fraction x its memory,
+    M_q - M_c) bytes, where M_q = in-memory plus spilled bytes of the workers reporting spill
+    (the query's memory need) and M_c = their budgets; none when M_q <= M_c (the cluster's
+    memory holds the query). At most one order per `memory_balance_interval_ms`, so a push
+    shows in the next epochs' rates before another is ordered."""
+    # Only workers reporting spill take part: the others neither count in M_q and M_c nor obey a push.
+    reporting = [o for o in active if o.memory_bytes is not None]
+    rates = output_rates(reporting, settings.reorg_epoch_ms)
+    if len(rates) < 2 or max(rates.values()) == 0:
+        return plan
+    fastest, slowest = max(rates.values()), min(rates.values())
+    if slowest > 0 and fastest / slowest <= settings.output_rate_theta:
+        return plan
+    spread = (f"Max_rate / Min_rate = {fastest:.3g} / {slowest:.3g} results/s per group "
+              f"{'= ' + format(fastest / slowest, '.3g') if slowest else '(Min_rate 0)'} > theta_f "
+              f"{settings.output_rate_theta}")
+    need = sum(o.memory + o.spilled_bytes for o in reporting)
+    budget = sum(o.memory_budget for o in reporting)
+    if need <= budget:
+        return _noted(plan, f"{spread}, but M_q = {need} <= M_c = {budget} bytes: the cluster's memory holds the "
+                            f"query, nothing is pushed ({SEED003_DISK}, active-disk)")
+    left = _cooling(history.last_push_ms, plan.now_ms, settings.memory_balance_interval_ms)
+    if left:
+        return _noted(plan, f"{spread}: the next push order waits {left / 1000:.1f} s more for "
+                            f"coordinator.memory_balance_interval_ms ({SEED003_DISK}, active-disk)")
+    # Among equally slow workers the one holding most in memory frees most for the others.
+    lowest = min((o for o in reporting if o.worker in rates),
+                 key=lambda o: (rates[o.worker], -o.memory, o.worker))
+    amount = int(min(push_fraction * lowest.memory, need - budget))
+    if amount <= 0:
+        return _noted(plan, f"{spread}: {lowest.worker} has the lowest rate but holds nothing in memory to push "
+                            f"({SEED003_DISK}, active-disk)")
+    why = (f"{spread}: {lowest.worker} has the lowest rate ({rates[lowest.worker]:.3g} over "
+           f"{len(lowest.group_bytes)} groups) and pushes min(push_fraction {push_fraction} x {lowest.memory}, "
+           f"M_q - M_c = {need} - {budget}) = {amount} bytes, least productive groups first, leaving memory to "
+           f"the more productive groups ({SEED003_DISK}, active-disk)")
+    return replace(plan, push=PushOrder(lowest.worker, amount, why))

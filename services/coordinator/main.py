@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
+from dataclasses import replace
 
 import structlog
 from confluent_kafka import OFFSET_END, Message, TopicPartition
@@ -211,14 +212,17 @@ class Coordinator:
             self.beats.popleft()
         observations = observe(self.moves.owners, list(self.beats), now_ms, self.job.coordinator)
         in_flight = bool(self.moves.moving or self.moves.arriving)
-        plan = plan_epoch(observations, self.job.coordinator, now_ms,
-                          History(self.history.last_scale_ms, self.history.last_memory_ms, in_flight), self.rng)
+        plan = plan_epoch(observations, self.job.coordinator, now_ms, replace(self.history, in_flight=in_flight),
+                          self.rng, self.job.worker.spill.push_fraction)
         self._start_plan(plan)
 
     def _start_plan(self, plan: Plan) -> None:
         """Start `plan`'s moves through the migration protocol (a scale-in victim is drained; a
-        worker scaled out is no longer)."""
+        worker scaled out is no longer), or send its push order (a plan never has both)."""
         if self.moves is None:
+            return
+        if plan.push is not None:
+            self._order_push(plan)
             return
         if plan.scale is not None and plan.scale.action == "scale-in":
             self.moves.drained.add(plan.scale.worker)
@@ -239,6 +243,20 @@ class Coordinator:
                      moves=[f"{m.group}:{m.source}->{m.target} ({m.reason})" for m in started])
         for sender in sorted({m.source for m in started}):
             self._assign(sender)
+
+    def _order_push(self, plan: Plan) -> None:
+        """Active-disk (seed 003 6): tell the plan's slowest worker to push state to disk. The
+        push is the worker's own work, not a migration, so nothing is in flight after; the
+        history keeps its time for the next order's cool-down."""
+        order = plan.push
+        if order is None:
+            return
+        message = control.PushGroups(worker=order.worker, bytes=order.bytes, why=order.why)
+        self.out.produce(self.job.control_topic, value=control.encode(message), key=b"push-groups", partition=0)
+        self.out.poll(0)
+        metrics.PUSH_ORDERS.inc()
+        self.history = self.history.after(plan)
+        log.info("push ordered", worker=order.worker, bytes=order.bytes, why=order.why)
 
     def _finished(self, move: Finished) -> None:
         metrics.MIGRATIONS.labels("done").inc()

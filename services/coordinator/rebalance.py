@@ -33,31 +33,53 @@ def observe(placement: Mapping[int, str], beats: Sequence[Heartbeat], now_ms: in
     end. A worker is alive when its newest heartbeat is younger than `heartbeat_timeout_ms`,
     active when the placement gives it a group (a standby holds none); its backlog samples are
     its heartbeats of the last `reorg_epoch_ms`, its group sizes those of its newest heartbeat
-    for the groups placed on it (0 for a group it has not reported)."""
+    for the groups placed on it (0 for a group it has not reported). Spill (seed 003 6): memory,
+    budget, spilled bytes and groups from its newest heartbeat; results and pushes are what its
+    counters grew by across the epoch's heartbeats (`grown`). A worker whose heartbeat has no
+    memory budget (worker.memory_bytes is never 0) predates spill reports: its memory and
+    results are None, so the policy neither counts nor rates it."""
     epoch_start = now_ms - settings.reorg_epoch_ms
     workers = sorted(set(placement.values()) | {b.worker for b in beats})
     out = []
     for worker in workers:
         mine = sorted((b for b in beats if b.worker == worker), key=lambda b: b.wall_ms)
         newest = mine[-1] if mine else None
+        epoch = [b for b in mine if b.wall_ms >= epoch_start]
         held = placing.groups_of(dict(placement), worker)
         reported = newest.group_bytes if newest is not None else {}
+        spill = newest is not None and newest.memory_budget > 0
         out.append(WorkerObservation(
             worker=worker,
             alive=newest is not None and now_ms - newest.wall_ms < settings.heartbeat_timeout_ms,
             role="active" if held else "standby",
-            backlog_samples=tuple(b.backlog_bytes for b in mine if b.wall_ms >= epoch_start),
+            backlog_samples=tuple(b.backlog_bytes for b in epoch),
             group_bytes={g: reported.get(g, 0) for g in held},
+            memory_bytes=newest.memory_bytes if spill and newest else None,
+            memory_budget=newest.memory_budget if newest else 0,
+            spilled_bytes=newest.spilled_bytes if newest else 0,
+            spilled_groups=frozenset(newest.spilled_groups) if newest else frozenset(),
+            # One heartbeat alone shows no growth: no rate rather than a rate of 0.
+            results=grown([b.results_total for b in epoch]) if spill and len(epoch) >= 2 else None,
+            pushed=grown([b.pushes for b in epoch]) > 0,
         ))
     return out
 
 
+def grown(totals: Sequence[int]) -> int:
+    """What a worker's monotonic counter grew by across its successive reports `totals` (oldest
+    first). A report below its predecessor means the worker restarted and counted again from 0,
+    so that report's value is all it counted since the restart."""
+    return sum(b - a if b >= a else b for a, b in zip(totals, totals[1:]))
+
+
 def dry_run(job: JobSettings, placement: Mapping[int, str], beats: Sequence[Heartbeat], now_ms: int,
             rng: random.Random) -> dict[str, Any]:
-    """The report of what the policy would start now: each worker's role, occupancy, class
-    and state bytes, and the plan with its reasons. rng: which group a supplier yields."""
+    """The report of what the policy would start now: each worker's role, occupancy, class,
+    state bytes and spill (memory, budget, spilled bytes and groups, results and pushes in the
+    epoch), and the plan with its reasons (moves, a scale change or an active-disk push order).
+    rng: which group a supplier yields."""
     observations = observe(placement, beats, now_ms, job.coordinator)
-    plan = plan_epoch(observations, job.coordinator, now_ms, History(), rng)
+    plan = plan_epoch(observations, job.coordinator, now_ms, History(), rng, job.worker.spill.push_fraction)
     return {
         "job": job.job,
         "placement": job.coordinator.placement,
@@ -89,14 +111,21 @@ def _worker_row(o: WorkerObservation, plan: Plan) -> dict[str, Any]:
         "backlog_samples": len(samples),
         "groups": len(o.group_bytes),
         "state_bytes": o.state_bytes,
+        "memory_bytes": o.memory_bytes,
+        "memory_budget": o.memory_budget,
+        "spilled_bytes": o.spilled_bytes,
+        "spilled_groups": sorted(o.spilled_groups),
+        "results_in_epoch": o.results,
+        "pushed_in_epoch": o.pushed,
     }
 
 
 def _plan_json(plan: Plan) -> dict[str, Any]:
-    scale = plan.scale
+    scale, push = plan.scale, plan.push
     return {
         "adaptation": plan.adaptation,
         "scale": {"action": scale.action, "worker": scale.worker, "why": scale.why} if scale else None,
+        "push": {"worker": push.worker, "bytes": push.bytes, "why": push.why} if push else None,
         "moves": [{"group": m.group, "from": m.source, "to": m.target, "reason": m.reason,
                    "state_bytes": m.state_bytes, "why": m.why} for m in plan.moves],
         "notes": list(plan.notes),

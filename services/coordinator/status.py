@@ -1,6 +1,7 @@
 """`streamjoin status`: the placement, the group moves in flight and each worker's latest
-heartbeat (its role, epoch, backlog); for a ring job, whether the ring failed (a node
-restarted, a stale epoch, a failed delivery) and why."""
+heartbeat (its role, epoch, backlog, and spill: window bytes in memory against its budget,
+bytes on disk, generations and the clean-up backlog); for a ring job, whether the ring failed
+(a node restarted, a stale epoch, a failed delivery) and why."""
 
 from __future__ import annotations
 
@@ -54,6 +55,13 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
             "lag": b.lag if b else None,
             "state_bytes": b.state_bytes if b else None,
             "state_tuples": b.state_tuples if b else None,
+            # Spill (seed 003 4 and 6): what memory holds against worker.memory_bytes, and what waits on disk.
+            "memory_bytes": b.memory_bytes if b else None,
+            "memory_budget": b.memory_budget if b else None,
+            "spilled_bytes": b.spilled_bytes if b else None,
+            "spilled_groups": b.spilled_groups if b else [],
+            "generations": b.generations if b else None,
+            "cleanup_backlog_bytes": b.cleanup_backlog_bytes if b else None,
             "ring_failed": b.ring_failed if b else None,
         })
     failed = sorted({b.ring_failed for b in beats.values() if b.ring_failed})

@@ -1,5 +1,5 @@
 """The adaptive placement policy (services/coordinator/adapt.py): seed 000's load balancing and
-degree of declustering, seed 003's memory balancing, rule by rule on hand-built epochs, then as
+degree of declustering, seed 003's memory balancing and its disk adaptations, rule by rule on hand-built epochs, then as
 Hypothesis properties over random ones; and the dry run that reports it
 (services/coordinator/rebalance.py)."""
 
@@ -14,9 +14,10 @@ from hypothesis import given, settings as hsettings, strategies as st
 from streamjoin.schemas import control
 from streamjoin.services import kafka
 from streamjoin.services.coordinator.adapt import (
-    History, Plan, WorkerObservation, classify, half_the_gap, occupancy, plan_epoch,
+    DEFAULT_PUSH_FRACTION, History, Plan, PushOrder, WorkerObservation, classify, half_the_gap, occupancy,
+    output_rates, plan_epoch,
 )
-from streamjoin.services.coordinator.rebalance import dry_run, observe
+from streamjoin.services.coordinator.rebalance import dry_run, grown, observe
 from streamjoin.services.worker.intake import RecordBuffer
 from streamjoin.services.worker.main import Worker
 from streamjoin.settings import CoordinatorSpec, load
@@ -320,6 +321,234 @@ def test_cool_downs_hold_over_a_run_of_epochs(runs: list, gaps: list[int]) -> No
     assert all(b - a >= settings.memory_balance_interval_ms for a, b in zip(balanced, balanced[1:]))
 
 
+# ------------------------------------------------------------------ disk adaptation (seed 003 6)
+COOLED = History(last_scale_ms=NOW)  # so a scale-in does not take the epoch
+
+
+def spilling(name: str, groups: dict[int, int], memory: int | None = None, spilled: tuple[int, ...] = (),
+             budget: int = 1000, on_disk: int = 0, results: int | None = None, pushed: bool = False,
+             backlog: int = BUSY) -> WorkerObservation:
+    """An alive active worker that reports spill; memory defaults to all its state."""
+    return WorkerObservation(name, True, "active", (backlog,), groups,
+                             memory_bytes=sum(groups.values()) if memory is None else memory, memory_budget=budget,
+                             spilled_bytes=on_disk, spilled_groups=frozenset(spilled), results=results,
+                             pushed=pushed)
+
+
+def test_lazy_disk_never_moves_a_group_with_generations_on_disk() -> None:
+    full = {1: 400, 2: 300, 3: 200, 4: 100}
+    workers = [spilling("full", full, spilled=(1,)), spilling("empty", {9: 200})]
+    lazy = plan(workers, COOLED)
+    # half the gap is 400: group 1 would fit exactly, but it is on disk; 2 (300) then 4 (100) come closest
+    assert lazy.adaptation == "memory" and [m.group for m in lazy.moves] == [2, 4]
+    assert "seed 003 6" in lazy.moves[0].why and "restriction 2" in lazy.moves[0].why
+    assert [m.group for m in plan(workers, COOLED, disk_adaptation="local").moves] == [1]  # today's choice
+
+
+def test_lazy_disk_says_so_when_only_spilled_groups_could_narrow_the_gap() -> None:
+    # the gap is 850: group 2 (900) would widen it the other way, group 1 (50) would narrow it but is on disk
+    p = plan([spilling("full", {1: 50, 2: 900}, spilled=(1,)), spilling("empty", {9: 100})], COOLED)
+    assert p.moves == () and any("would not narrow" in n and "generations on disk" in n for n in p.notes)
+
+
+def test_lazy_disk_balances_window_bytes_in_memory_local_all_state() -> None:
+    # full holds 1000 bytes of window, 550 of them in memory: in memory the workers are balanced
+    workers = [spilling("full", {1: 600, 2: 400}, memory=550), spilling("empty", {9: 500})]
+    assert plan(workers, COOLED).moves == ()
+    assert plan(workers, COOLED, disk_adaptation="local").adaptation == "memory"
+    in_memory = [spilling("full", {1: 600, 2: 400}, memory=1000), spilling("empty", {9: 500}, memory=100)]
+    assert "window bytes in memory" in plan(in_memory, COOLED).moves[0].why
+
+
+def test_policy_moves_of_seed_000_spare_spilled_groups_too() -> None:
+    supplier = spilling("a", {1: 10, 2: 20, 3: 30}, spilled=(1, 2), backlog=HOT)
+    for seed in range(5):
+        (move,) = plan([supplier, spilling("b", {4: 10}, backlog=IDLE)], seed=seed).moves
+        assert move.group == 3 and "stay" in move.why
+    stuck = spilling("a", {1: 10, 2: 20}, spilled=(1, 2), backlog=HOT)
+    p = plan([stuck, spilling("b", {4: 10}, backlog=IDLE)])
+    assert p.moves == () and any("never moves" in n for n in p.notes)
+    # no supplier: scale in drains the worker with least state among those holding no spilled group
+    drain = plan([spilling("small", {1: 5}, spilled=(1,), backlog=IDLE), spilling("big", {2: 50}, backlog=IDLE)])
+    assert drain.scale is not None and drain.scale.worker == "big" and drain.moves[0].group == 2
+    assert plan([spilling("small", {1: 5}, spilled=(1,), backlog=IDLE), spilling("big", {2: 50}, backlog=IDLE)],
+                disk_adaptation="local").scale.worker == "small"  # type: ignore[union-attr]
+
+
+def test_no_memory_balancing_in_an_epoch_in_which_its_sender_or_receiver_pushed() -> None:
+    for pusher in ("full", "empty"):
+        workers = [spilling("full", {1: 600, 2: 400}, pushed=pusher == "full"),
+                   spilling("empty", {9: 100}, pushed=pusher == "empty")]
+        p = plan(workers, COOLED)
+        assert p.moves == () and any(f"{pusher} pushed" in n and "restriction 1" in n for n in p.notes)
+        assert plan(workers, COOLED, disk_adaptation="local").adaptation == "memory"  # local ignores spill
+    bystander = [spilling("full", {1: 600, 2: 400}), spilling("empty", {9: 100}), spilling("mid", {7: 500},
+                                                                                             pushed=True)]
+    assert plan(bystander, COOLED).adaptation == "memory"  # only the two involved workers count
+
+
+EPOCH_S = DEFAULTS.reorg_epoch_ms / 1000
+
+
+def rated(fast: int, slow: int, budget: int = 800, memory: int = 1000, on_disk: int = 0) -> list[WorkerObservation]:
+    """Two workers balanced in memory, two groups each; `fast` and `slow` results in the epoch."""
+    return [spilling("fast", {1: memory // 2, 2: memory // 2}, budget=budget, results=fast, on_disk=on_disk),
+            spilling("slow", {3: memory // 2, 4: memory // 2}, budget=budget, results=slow, on_disk=on_disk)]
+
+
+def active_disk(observations: list[WorkerObservation], history: History = COOLED,
+                push_fraction: float = DEFAULT_PUSH_FRACTION, **coordinator: object) -> Plan:
+    return plan_epoch(observations, CoordinatorSpec(disk_adaptation="active-disk", **coordinator), NOW, history,
+                      random.Random(0), push_fraction)
+
+
+def test_output_rate_is_results_per_second_per_group() -> None:
+    assert output_rates(rated(8000, 2000), DEFAULTS.reorg_epoch_ms) == {"fast": 8000 / EPOCH_S / 2,
+                                                                          "slow": 2000 / EPOCH_S / 2}
+    no_count = WorkerObservation("x", True, "active", (), {1: 1}, memory_bytes=1)
+    assert output_rates([no_count], DEFAULTS.reorg_epoch_ms) == {}
+
+
+def test_active_disk_orders_the_slowest_worker_to_push() -> None:
+    p = active_disk(rated(8000, 2000))  # 200 vs 50 results/s per group: 4 > theta_f 2
+    # M_q = 2000, M_c = 1600: min(0.3 x 1000, 400) = 300
+    assert p.push == PushOrder("slow", 300, p.push.why) and p.adaptation == "disk" and p.moves == ()  # type: ignore
+    why = p.push.why  # type: ignore[union-attr]
+    assert "seed 003 6" in why and "theta_f 2.0" in why and "M_q - M_c = 2000 - 1600" in why
+    assert active_disk(rated(8000, 0)).push.worker == "slow"  # type: ignore[union-attr]  # Min_rate 0: diverged
+
+
+def test_the_push_is_capped_by_what_the_cluster_lacks() -> None:
+    # budgets 900: M_q - M_c = 2000 - 1800 = 200 < 0.3 x 1000
+    assert active_disk(rated(8000, 2000, budget=900)).push.bytes == 200  # type: ignore[union-attr]
+    # spilled bytes count in the query's need: M_q = 2000 + 2 x 500, M_c = 1800
+    assert active_disk(rated(8000, 2000, budget=900, on_disk=500)).push.bytes == 300  # type: ignore[union-attr]
+    assert active_disk(rated(8000, 2000), push_fraction=0.1).push.bytes == 100  # type: ignore[union-attr]
+
+
+def test_no_push_when_the_cluster_memory_holds_the_query() -> None:
+    for budget in (1000, 5000):  # M_q = M_c, M_q < M_c
+        p = active_disk(rated(8000, 2000, budget=budget))
+        assert p.push is None and any("M_q" in n and "holds the query" in n for n in p.notes)
+
+
+def test_no_push_while_rates_are_within_theta_f() -> None:
+    assert active_disk(rated(8000, 4000)).push is None  # exactly 2: not above
+    assert active_disk(rated(8000, 3000)).push is not None
+    assert active_disk(rated(8000, 3000), output_rate_theta=3.0).push is None
+    assert active_disk(rated(0, 0)).push is None  # every rate 0: no signal
+
+
+def test_no_push_beside_a_move_or_while_one_is_in_flight() -> None:
+    assert active_disk(rated(8000, 2000), History(last_scale_ms=NOW, in_flight=True)).push is None
+    unbalanced = [spilling("fast", {1: 600, 2: 400}, budget=100, results=8000),
+                  spilling("slow", {3: 100}, budget=100, results=0)]
+    p = active_disk(unbalanced)
+    assert p.adaptation == "memory" and p.push is None
+    waiting = active_disk(unbalanced, History(last_scale_ms=NOW, last_memory_ms=NOW - 1_000))
+    assert waiting.moves == () and waiting.push is None  # balancing only waits: it acts soon
+    load = active_disk([spilling("fast", {1: 500, 2: 500}, results=8000, backlog=HOT),
+                        spilling("slow", {3: 500, 4: 500}, results=0, backlog=IDLE)])
+    assert load.adaptation == "load" and load.push is None
+
+
+def test_lazy_disk_and_local_order_no_push() -> None:
+    for mode in ("lazy-disk", "local"):
+        assert plan(rated(8000, 2000), COOLED, disk_adaptation=mode).push is None
+
+
+def test_push_orders_wait_for_the_memory_balance_interval() -> None:
+    first = active_disk(rated(8000, 2000))
+    after = COOLED.after(first)
+    assert after.last_push_ms == NOW and not after.in_flight  # a push is no migration
+    again = active_disk(rated(8000, 2000), replace(after, last_push_ms=NOW - 44_999))
+    assert again.push is None and any("waits" in n and "memory_balance_interval_ms" in n for n in again.notes)
+    assert active_disk(rated(8000, 2000), replace(after, last_push_ms=NOW - 45_000)).push is not None
+
+
+def test_local_keeps_todays_plan_whatever_the_spill_fields_say() -> None:
+    plain = [active("full", BUSY, {1: 400, 2: 300, 3: 200, 4: 100}), active("empty", BUSY, {9: 200})]
+    spilled = [replace(plain[0], memory_bytes=10, memory_budget=5, spilled_bytes=900,
+                       spilled_groups=frozenset({1, 2}), results=9, pushed=True),
+               replace(plain[1], memory_bytes=200, memory_budget=5, results=0)]
+    assert plan(spilled, COOLED, disk_adaptation="local") == plan(plain, COOLED, disk_adaptation="local")
+
+
+@st.composite
+def disk_epochs(draw: st.DrawFn) -> tuple[list[WorkerObservation], CoordinatorSpec, History, int, float]:
+    """`epochs` with spill reports: memory, budget, bytes and groups on disk, results, pushes."""
+    observations, settings, history, seed = draw(epochs())
+    spilled = []
+    for o in observations:
+        if not draw(st.booleans()) and o.group_bytes:
+            spilled.append(o)  # an older worker: no spill report
+            continue
+        groups = sorted(o.group_bytes)
+        spilled.append(replace(
+            o, memory_bytes=draw(st.integers(0, max(o.state_bytes, 1))), memory_budget=draw(st.integers(1, 4 * MIB)),
+            spilled_bytes=draw(st.integers(0, 4 * MIB)),
+            spilled_groups=frozenset(draw(st.lists(st.sampled_from(groups), unique=True))) if groups else frozenset(),
+            results=draw(st.sampled_from([None, 0, 1_000]) | st.integers(0, 100_000)), pushed=draw(st.booleans())))
+    settings = settings.model_copy(update={
+        "disk_adaptation": draw(st.sampled_from(["local", "lazy-disk", "active-disk"])),
+        "output_rate_theta": draw(st.sampled_from([1.5, 2.0, 10.0]))})
+    history = replace(history, last_push_ms=draw(st.none() | st.integers(NOW - 90_000, NOW)))
+    return spilled, settings, history, seed, draw(st.sampled_from([DEFAULT_PUSH_FRACTION, 0.1, 1.0]))
+
+
+@st.composite
+def rate_epochs(draw: st.DrawFn) -> tuple[list[WorkerObservation], CoordinatorSpec, History, int, float]:
+    """Epochs where seed 000 has nothing to do (neutral backlogs, scaling cooling down), so memory
+    balancing and active-disk's output rates decide: many of them push."""
+    groups = iter(range(1000))
+    observations = []
+    for name in NAMES[:draw(st.integers(2, 5))]:
+        held = {next(groups): draw(st.integers(0, MIB)) for _ in range(draw(st.integers(1, 4)))}
+        observations.append(spilling(
+            name, held, memory=draw(st.just(MIB // 2) | st.integers(0, MIB)),  # often balanced in memory
+            spilled=tuple(draw(st.lists(st.sampled_from(sorted(held))))), budget=draw(st.integers(1, MIB)),
+            on_disk=draw(st.integers(0, MIB)), results=draw(st.none() | st.integers(0, 50_000)),
+            pushed=draw(st.booleans()) and draw(st.booleans())))
+    settings = CoordinatorSpec(disk_adaptation=draw(st.sampled_from(["lazy-disk", "active-disk"])),
+                               memory_balance_theta=draw(st.sampled_from([0.0, 0.5, 0.8])),
+                               output_rate_theta=draw(st.sampled_from([1.5, 2.0, 10.0])))
+    last = st.none() | st.integers(NOW - 90_000, NOW)
+    history = History(NOW, draw(last), draw(st.booleans()) and draw(st.booleans()), draw(last))
+    return observations, settings, history, draw(st.integers(0, 2**32)), draw(st.sampled_from([0.1, 0.3, 1.0]))
+
+
+def strip_spill(o: WorkerObservation) -> WorkerObservation:
+    return WorkerObservation(o.worker, o.alive, o.role, o.backlog_samples, o.group_bytes)
+
+
+@hsettings(max_examples=400, deadline=None)
+@given(disk_epochs() | rate_epochs())
+def test_disk_adaptation_keeps_its_restrictions(epoch: tuple) -> None:
+    """Under lazy-disk and active-disk no policy move takes a group with generations on disk; a
+    plan never both moves and pushes; only active-disk pushes, outside an in-flight adaptation
+    and its cool-down, at most push_fraction x the worker's memory and M_q - M_c; under local
+    the spill reports change nothing."""
+    observations, settings, history, seed, fraction = epoch
+    p = plan_epoch(observations, settings, NOW, history, random.Random(seed), fraction)
+    workers = by_name(observations)
+    if settings.disk_adaptation != "local":
+        assert not any(m.group in workers[m.source].spilled_groups for m in p.moves), "a spilled group moved"
+    else:
+        bare = [strip_spill(o) for o in observations]
+        assert p == plan_epoch(bare, settings, NOW, history, random.Random(seed), fraction)
+    assert not (p.moves and p.push), "moves and a push in one epoch"
+    if p.push is not None:
+        assert settings.disk_adaptation == "active-disk" and not history.in_flight and p.scale is None
+        assert history.last_push_ms is None or NOW - history.last_push_ms >= settings.memory_balance_interval_ms
+        pusher = workers[p.push.worker]
+        reporting = [o for o in observations if o.alive and o.role == "active" and o.memory_bytes is not None]
+        lack = sum(o.memory + o.spilled_bytes for o in reporting) - sum(o.memory_budget for o in reporting)
+        assert pusher.alive and pusher.role == "active" and pusher in reporting
+        assert 0 < p.push.bytes <= min(fraction * pusher.memory, lack)
+        rates = output_rates(reporting, settings.reorg_epoch_ms)
+        assert rates[pusher.worker] == min(rates.values())
+
+
 # ------------------------------------------------------------------ the dry run
 def beat(worker: str, wall_ms: int, backlog: int, group_bytes: dict[int, int]) -> control.Heartbeat:
     return control.Heartbeat(worker=worker, wall_ms=wall_ms, groups=sorted(group_bytes), backlog_bytes=backlog,
@@ -401,3 +630,80 @@ def test_the_dry_run_reads_the_placement_and_an_epoch_of_heartbeats(monkeypatch)
     report = rebalance.read_dry_run(job, kafka.Cluster("127.0.0.1:1"), random.Random(0))
     assert asked == [8.0]
     assert [(r["worker"], r["alive"], r["groups"]) for r in report["workers"]] == [("a", False, 2)]  # beat from 1970
+
+
+def spill_beat(worker: str, wall_ms: int, results: int, pushes: int, **fields: object) -> control.Heartbeat:
+    return control.Heartbeat(worker=worker, wall_ms=wall_ms, groups=[1], group_bytes={1: 100}, memory_budget=1000,
+                             results_total=results, pushes=pushes, **fields)  # type: ignore[arg-type]
+
+
+def test_results_and_pushes_are_what_the_counters_grew_by_in_the_epoch() -> None:
+    assert grown([10, 15, 40]) == 30
+    assert grown([10, 15, 3, 7]) == 5 + 3 + 4  # restarted after 15: it counted 3 from 0, then 4 more
+    assert grown([5]) == 0 and grown([]) == 0
+    beats = [spill_beat("a", NOW - 30_000, 0, 0),  # before the epoch
+             spill_beat("a", NOW - 9_000, 100, 2), spill_beat("a", NOW - 5_000, 20, 0),  # restarted
+             spill_beat("a", NOW - 1_000, 50, 1, memory_bytes=70, spilled_bytes=30, spilled_groups=[1]),
+             spill_beat("b", NOW - 1_000, 500, 4)]
+    obs = {o.worker: o for o in observe({1: "a", 2: "b"}, beats, NOW, DEFAULTS)}
+    a, b = obs["a"], obs["b"]
+    assert a.results == 50 and a.pushed and a.memory_bytes == 70 and a.memory_budget == 1000
+    assert a.spilled_bytes == 30 and a.spilled_groups == frozenset({1})
+    assert b.results is None and not b.pushed  # one heartbeat in the epoch: no growth to see
+    steady = [spill_beat("c", NOW - 5_000, 9, 3), spill_beat("c", NOW - 1_000, 19, 3)]
+    (c,) = observe({3: "c"}, steady, NOW, DEFAULTS)
+    assert c.results == 10 and not c.pushed
+
+
+def test_an_old_workers_heartbeat_gives_no_memory_and_no_rate() -> None:
+    beats = [beat("a", NOW - 2_000, 0, {1: 50}), beat("a", NOW - 1_000, 0, {1: 70})]  # no memory budget
+    (a,) = observe({1: "a"}, beats, NOW, DEFAULTS)
+    assert a.memory_bytes is None and a.memory == 70 and a.results is None
+
+
+def test_dry_run_shows_a_push_order() -> None:
+    job = load(None, job="dry", partitions=4, coordinator={"disk_adaptation": "active-disk"},
+               worker={"spill": {"push_fraction": 0.5}}, streams=[
+                   {"name": n, "fields": {"k": "int", "ts": "int"}, "time_field": "ts", "key_fields": ["k"],
+                    "window": {"range_ms": 1000}} for n in "rs"])
+    placement = {0: "fast", 1: "fast", 2: "slow", 3: "slow"}
+    beats = []  # both suppliers, no consumer and no standby: seed 000 can do nothing, memory is balanced
+    for worker, groups, rate in (("fast", {0: 500, 1: 500}, 8000), ("slow", {2: 500, 3: 500}, 1000)):
+        for i, t in enumerate((NOW - 10_000, NOW - 100)):
+            beats.append(control.Heartbeat(worker=worker, wall_ms=t, groups=sorted(groups), group_bytes=groups,
+                                           backlog_bytes=HOT, memory_bytes=1000, memory_budget=600,
+                                           results_total=i * rate))
+    report = dry_run(job, placement, beats, NOW, random.Random(0))
+    rows = {r["worker"]: r for r in report["workers"]}
+    assert rows["slow"]["results_in_epoch"] == 1000 and rows["slow"]["memory_budget"] == 600
+    assert rows["fast"]["memory_bytes"] == 1000 and rows["fast"]["pushed_in_epoch"] is False
+    push = report["plan"]["push"]
+    # M_q - M_c = 2000 - 1200 = 800; 0.5 x 1000 = 500
+    assert report["plan"]["adaptation"] == "disk" and (push["worker"], push["bytes"]) == ("slow", 500)
+    assert "seed 003 6" in push["why"] and report["plan"]["moves"] == []
+
+
+def test_the_coordinator_sends_a_push_order_on_the_control_topic(monkeypatch) -> None:
+    """main.py carries out a push order: control.PushGroups to the worker, counted, and its time
+    kept in the history for the next order's cool-down; no migration starts."""
+    from streamjoin.services import metrics
+    from streamjoin.services.coordinator.main import Coordinator
+    from streamjoin.services.coordinator.moves import Moves
+
+    job = load(None, job="push", bootstrap="127.0.0.1:1", partitions=2, streams=[
+        {"name": n, "fields": {"k": "int", "ts": "int"}, "time_field": "ts", "key_fields": ["k"],
+         "window": {"range_ms": 1000}} for n in "rs"])
+    coordinator = Coordinator(job, kafka.Cluster.of(job))
+    coordinator.moves = Moves({0: "a", 1: "b"}, {}, epoch=1)
+    sent: list[tuple[str, bytes, bytes]] = []
+    monkeypatch.setattr(coordinator, "out", type("Out", (), {
+        "produce": lambda self, topic, value, key, partition: sent.append((topic, key, value)),
+        "poll": lambda self, t: 0})())
+    before = metrics.PUSH_ORDERS._value.get()
+    coordinator._start_plan(Plan(NOW, {}, {}, push=PushOrder("b", 300, "slowest (seed 003 6)")))
+    ((topic, key, value),) = sent
+    assert topic == job.control_topic and key == b"push-groups"
+    assert control.decode_control(value) == control.PushGroups(worker="b", bytes=300, why="slowest (seed 003 6)")
+    assert metrics.PUSH_ORDERS._value.get() == before + 1
+    assert coordinator.history.last_push_ms == NOW and not coordinator.history.in_flight
+    assert not coordinator.moves.moving
