@@ -438,7 +438,8 @@ def schema_results(job: JobOpt = None) -> None:
 @app.command()
 def bench(
     workload: Annotated[str, typer.Argument(
-        help="equijoin | band | psp | adapt (groups that move: migration, failover, skew, rate ramp)")],
+        help="equijoin | band | psp | adapt (groups that move: migration, failover, skew, rate ramp) | "
+             "spill (seed 003's spill policies and disk/distributed adaptation, in-process, no broker)")],
     quick: Annotated[bool, typer.Option("--quick", help="small enough for CI (a minute or two)")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write the curve PNG here")] = None,
@@ -446,8 +447,16 @@ def bench(
     """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact."""
     from streamjoin.bench import WORKLOADS, run_bench
 
+    if workload == "spill":  # in-process workers on simulated time: no broker, no Spark
+        from streamjoin.bench import report, spill
+
+        result = spill.run(quick, plot)
+        if json_path is not None:
+            report.write_json(json_path, result)
+        print(json.dumps(result, indent=2))
+        raise typer.Exit(0 if result.get("exact") else 1)
     if workload not in WORKLOADS:
-        console.print(f"[red]error:[/red] unknown workload {workload!r}: choose one of {', '.join(sorted(WORKLOADS))}")
+        console.print(f"[red]error:[/red] unknown workload {workload!r}: choose one of {', '.join(sorted([*WORKLOADS, 'spill']))}")
         raise typer.Exit(2)
     result = run_bench(workload, quick=quick, json_path=json_path, plot_path=plot)
     print(json.dumps(result, indent=2))
