@@ -249,6 +249,7 @@ class WindowedStore:
             if self.deferred:
                 self._empty_window(self._hot[group])
                 self._hot[group].push_pending = True
+                self._sizes[group] = 0  # its memory is free; its generation is on disk
             else:
                 del self._hot[group]
         self.pushes += len(pushed)
