@@ -12,7 +12,10 @@ it produced (P_o); its size (P_s) is its window's bytes in memory.
   spectrum (seed 003 Figure 11's "30%-High-OutputRate");
 - lru: least recently used first (what the worker did before seed 003).
 
-Groups are taken in that order until the bytes pushed reach the target.
+Groups are taken in that order until the bytes pushed reach the target. A
+group with no statistics yet (it just arrived, by a move or a restart) is
+pushed last, largest first: it has not had the chance to show its
+productivity, and a move chose it for being productive.
 """
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ def choose_victims(sizes: Mapping[int, int], activity: Mapping[int, GroupActivit
                    target: float, spill: SpillSpec, now_ms: int) -> list[int]:
     """The groups to push, in push order, whose bytes first reach `target`.
 
-    sizes: in-memory window bytes of each candidate group; activity: its statistics;
+    sizes: in-memory window bytes of each candidate group; activity: its statistics (absent:
+    none yet);
     recency: its rank by last use (0 = least recently used); spill: the policy and theta_t;
     now_ms: the wall clock inactivity is measured against."""
-    order = sorted(sizes, key=lambda g: _rank(g, sizes[g], activity[g], recency[g], spill, now_ms))
+    known = sorted((g for g in sizes if g in activity),
+                   key=lambda g: _rank(g, sizes[g], activity[g], recency[g], spill, now_ms))
+    order = known + sorted((g for g in sizes if g not in activity), key=lambda g: (-sizes[g], g))
     chosen, pushed = [], 0
     for group in order:
         if pushed >= target:

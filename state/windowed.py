@@ -242,8 +242,8 @@ class WindowedStore:
         `spill.victims` (state/spill.py). Returns the groups pushed, with their bytes."""
         sizes = {g: s.window.nbytes for g, s in self._hot.items() if s.window.nbytes and not s.push_pending}
         recency = {g: rank for rank, g in enumerate(self._hot) if g in sizes}  # 0 = least recently used
-        victims = choose_victims(sizes, {g: self.activity.get(g, GroupActivity(now_ms)) for g in sizes},
-                                 recency, target, self.spill, now_ms)
+        known = {g: self.activity[g] for g in sizes if g in self.activity}
+        victims = choose_victims(sizes, known, recency, target, self.spill, now_ms)
         pushed = [(g, sizes[g]) for g in victims]
         for group, _ in pushed:
             if self.deferred:

@@ -49,6 +49,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from streamjoin.bench import report
+from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.block import Block
 from streamjoin.schemas.codecs import encode_block
 from streamjoin.services import workloads
@@ -159,36 +160,6 @@ def flush_batch(job: JobSettings, t_ms: int) -> list[tuple[np.ndarray, dict[str,
 # ---------------------------------------------------------------- in-process workers
 
 
-class _Msg:
-    """Just what RecordBuffer reads from a confluent-kafka Message: one block record."""
-
-    __slots__ = ("_topic", "_group", "_o", "_key", "_value", "_ts")
-
-    def __init__(self, topic: str, group: int, offset: int, key: bytes, value: bytes, ts: int) -> None:
-        self._topic, self._group, self._o, self._key, self._value, self._ts = topic, group, offset, key, value, ts
-
-    def value(self) -> bytes:
-        return self._value
-
-    def key(self) -> bytes:
-        return self._key
-
-    def offset(self) -> int:
-        return self._o
-
-    def timestamp(self) -> tuple[int, int]:
-        return (0, self._ts)
-
-    def headers(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return self._group
-
-    def topic(self) -> str:
-        return self._topic
-
-
 @dataclass
 class Counters:
     runtime_results: int = 0
@@ -234,7 +205,7 @@ class SimWorker:
                 value = encode_block(Block({"k": k_sel[a:b], "ts": ts_sel[a:b]}))
                 offset = offsets.get((i, group), 0)
                 offsets[(i, group)] = offset + 1
-                buffers[i].add(_Msg(self.topics[i], group, offset, str(int(k_sel[a])).encode(), value,
+                buffers[i].add(LocalRecord(self.topics[i], group, offset, str(int(k_sel[a])).encode(), value,
                                     int(ts_sel[b - 1])), group)
         runtime = cleaned = 0
         for b in run_cycle(self.job, self.plan, self.store, buffers, self.routings, now_ms):
@@ -282,10 +253,7 @@ def move_group(group: int, sender: SimWorker, receiver: SimWorker) -> int:
     """Carry out a move in-process: the group's stored keys to the receiver, gone from the sender.
     Returns the bytes copied."""
     values = dict(sender.store.store.scan(group_prefix(group)))
-    activity = sender.store.activity.get(group)
-    receiver.store.install(group, values, {}, 0)
-    if activity is not None:
-        receiver.store.activity[group] = replace(activity)
+    receiver.store.install(group, values, {}, 0)  # its statistics stay behind, as a real move's do
     tx = sender.store.store.transaction()
     for key in values:
         tx.delete(key)

@@ -13,6 +13,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
 from streamjoin.services.worker.intake import RecordBuffer, routing_for
 from streamjoin.services.worker.main import stream_templates
@@ -29,34 +30,6 @@ GROUPS = (1, 5)
 KEYS = {g: [k for k in range(3000) if partition_for(key_bytes(k), PARTITIONS) == g][:6] for g in GROUPS}
 STREAMS = "abc"
 FAR = 100_000  # flush tuples' time: past every window and the allowed lateness, so every generation is due
-
-
-class _Msg:
-    """Just what RecordBuffer reads from a confluent-kafka Message."""
-
-    def __init__(self, topic: str, group: int, offset: int, key: int, ts: int) -> None:
-        self._topic, self._group, self._o, self._k, self._ts = topic, group, offset, key, ts
-
-    def value(self) -> bytes:
-        return json.dumps({"k": self._k, "ts": self._ts}).encode()
-
-    def key(self) -> bytes:
-        return str(self._k).encode()
-
-    def offset(self) -> int:
-        return self._o
-
-    def timestamp(self) -> tuple[int, int]:
-        return (0, self._ts)
-
-    def headers(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return self._group
-
-    def topic(self) -> str:
-        return self._topic
 
 
 def _job(tmp_path: Path, ranges: list[int], budget: int, spill: dict):
@@ -113,7 +86,9 @@ class _Run:
         buffers = {i: RecordBuffer() for i in range(m)}
         for stream, group, key_index, ts in tuples:
             key = KEYS[group][key_index]
-            buffers[stream].add(_Msg(f"sp.{STREAMS[stream]}", group, self.offsets[stream], key, ts), group)
+            value = json.dumps({"k": key, "ts": ts}).encode()
+            record = LocalRecord(f"sp.{STREAMS[stream]}", group, self.offsets[stream], str(key).encode(), value, ts)
+            buffers[stream].add(record, group)  # type: ignore[arg-type]
             self.refs[stream].append(RefTuple((f"sp.{STREAMS[stream]}", group, self.offsets[stream]), key, ts))
             self.offsets[stream] += 1
         routings = [routing_for(self.job, PARTITIONS)] * m
@@ -195,3 +170,5 @@ def test_productivity_pushes_idle_then_unproductive_groups_first() -> None:
     lru = SpillSpec(victims="lru")
     assert choose_victims(sizes, activity, recency, 400, lru, now_ms=10_000) == [4, 3, 2, 1]
     assert choose_victims(sizes, activity, recency, 0, spill, now_ms=10_000) == []
+    arrived = {g: a for g, a in activity.items() if g != 2}  # group 2 just arrived: no statistics yet
+    assert choose_victims(sizes | {2: 300}, arrived, recency, 10_000, spill, now_ms=10_000) == [3, 4, 1, 2]

@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from streamjoin.bench.local_records import LocalRecord
 from streamjoin.services.worker.intake import RecordBuffer, routing_for
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.services.worker.processor import join_plan, run_cycle
@@ -19,34 +20,6 @@ from streamjoin.state.transaction import StateTransaction
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import load
 from streamjoin.topology.partitioner import key_bytes, partition_for
-
-
-class _Msg:
-    """Just what RecordBuffer reads from a confluent-kafka Message."""
-
-    def __init__(self, offset: int, key: int, ts: int) -> None:
-        self._o, self._k, self._ts = offset, key, ts
-
-    def value(self) -> bytes:
-        return json.dumps({"k": self._k, "ts": self._ts, "pad": "x"}).encode()
-
-    def key(self) -> bytes:
-        return str(self._k).encode()
-
-    def offset(self) -> int:
-        return self._o
-
-    def timestamp(self) -> tuple[int, int]:
-        return (0, self._ts)
-
-    def headers(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return GROUP
-
-    def topic(self) -> str:
-        return "st.r"
 
 
 GROUP = 3
@@ -72,7 +45,10 @@ def _feed(job, store: WindowedStore, group: int, batches: int,
         buffers = {i: RecordBuffer() for i in (0, 1)}
         for j in range(20):
             i = j % 2
-            buffers[i].add(_Msg(offset[i], KEYS[j % 3], 1000 + n * 40 + j), GROUP)  # type: ignore[arg-type]
+            key, ts = KEYS[j % 3], 1000 + n * 40 + j
+            value = json.dumps({"k": key, "ts": ts, "pad": "x"}).encode()
+            record = LocalRecord("st.r", GROUP, offset[i], str(key).encode(), value, ts)
+            buffers[i].add(record, GROUP)  # type: ignore[arg-type]
             offset[i] += 1
         (gb,) = run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=0)
         assert gb.group == group
