@@ -108,3 +108,13 @@ def check(job: JobSettings, bootstrap: str) -> Check:
         expected=len(expected), results=len(produced), missing=len(expected - set(counts)),
         extra=len(set(counts) - expected), duplicates=sum(c - 1 for c in counts.values()), dead_letter=reasons,
     )
+
+
+def assert_spark_verified(job: JobSettings, bootstrap: str, expected: int) -> None:
+    """Spark `verify`, the independent oracle, agrees: no result missing, extra, duplicated,
+    with a bad id or lost, and `expected` results in all (what the reference check counted)."""
+    from streamjoin.services.spark.verify import run_verify  # Spark starts only for the tests that ask
+
+    verdict = run_verify(job, kafka.Cluster(bootstrap))
+    assert verdict["verified"], {k: verdict[k] for k in ("missing", "extra", "duplicates", "bad_ids", "lost")}
+    assert verdict["results"] == verdict["expected"] == expected

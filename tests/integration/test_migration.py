@@ -25,7 +25,7 @@ from streamjoin.services.coordinator.status import snapshot
 from streamjoin.services.faults import marker_dir
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import metric
-from tests.integration.kafka_harness import Row, check, commits, produce
+from tests.integration.kafka_harness import Row, assert_spark_verified, check, commits, produce
 
 pytestmark = pytest.mark.integration
 
@@ -127,11 +127,7 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 1000
-    from streamjoin.services.spark.verify import run_verify
-
-    verdict = run_verify(job, kafka.Cluster(broker.bootstrap))  # the independent oracle agrees
-    assert verdict["verified"], {k: verdict[k] for k in ("missing", "extra", "duplicates", "bad_ids", "lost")}
-    assert verdict["results"] == verdict["expected"] == result.expected
+    assert_spark_verified(job, broker.bootstrap, result.expected)
 
 
 def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from streamjoin.services.faults import marker_dir
 from streamjoin.topology.partitioner import key_bytes, partition_for
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import metric
-from tests.integration.kafka_harness import Row, check, produce
+from tests.integration.kafka_harness import Row, assert_spark_verified, check, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -99,8 +99,4 @@ def test_windows_five_times_the_memory_budget_stay_exact_through_a_crash(broker,
     result = check(job, broker.bootstrap)
     assert result.exact, result
     assert result.expected > 2000
-    from streamjoin.services.spark.verify import run_verify
-
-    verdict = run_verify(job, kafka.Cluster(broker.bootstrap))  # the independent oracle agrees
-    assert verdict["verified"], {k: verdict[k] for k in ("missing", "extra", "duplicates", "bad_ids", "lost")}
-    assert verdict["results"] == verdict["expected"] == result.expected
+    assert_spark_verified(job, broker.bootstrap, result.expected)
