@@ -74,7 +74,7 @@ class RingNode:
             out.to_next.append(msg)
         for t, block in enumerate(msg.tuples):
             if len(block):
-                rows = _trigger_rows(self.plan, t, block)
+                rows = trigger_rows(self.plan, t, block)
                 self._probe(info, t, (t,), rows, out, now_ms)
 
     def _on_partial(self, msg: Partial, out: Outbox, now_ms: int) -> None:
@@ -157,7 +157,7 @@ def _beyond_cap(candidates: np.ndarray, cap: int) -> np.ndarray:
     return out
 
 
-def _trigger_rows(plan: RingPlan, t: int, block: Block) -> Block:
+def trigger_rows(plan: RingPlan, t: int, block: Block) -> Block:
     """A round's tuples of stream t as one-member rows, each its own trigger."""
     cols = {G: block[G], T_COL: block[TS]}
     cols |= {count_column(k): block[count_column(k)] for k in range(plan.m)}

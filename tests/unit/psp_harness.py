@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from hypothesis import strategies as st
 
 from streamjoin.engine.block import OFF, PART, TS, Block, system_block
 from streamjoin.engine.predicates import Term
@@ -184,3 +185,50 @@ def _run_until_release_allowed(ring: Ring) -> None:
             return
         if not ring.step():
             raise AssertionError(f"ring stuck: in flight {ring.planner.in_flight}, steps {len(ring.planner.steps)}")
+
+
+def poison_udf(left: np.ndarray, right: np.ndarray, limit: int = 4) -> np.ndarray:
+    """Close enough in x, and blows up on the poison value 13."""
+    if (left == 13).any() or (right == 13).any():
+        raise ValueError("poison")
+    return np.abs(left - right) <= limit
+
+
+def term_strategy(m: int):
+    """(stream pair, kind, parameter) of one random predicate term."""
+    pair = st.tuples(st.integers(0, m - 1), st.integers(0, m - 1)).filter(lambda p: p[0] != p[1])
+    kind = st.sampled_from(["eq", "band", "udf"])
+    return st.tuples(pair, kind, st.integers(0, 3))
+
+
+def terms_of(spec: list) -> tuple[Term, ...]:
+    """term_strategy draws -> Terms on the harness fields x (eq, udf) and y (band)."""
+    out = []
+    for (a, b), kind, d in spec:
+        if kind == "eq":
+            out.append(Term((a, "x"), (b, "x"), "eq"))
+        elif kind == "band":
+            out.append(Term((a, "y"), (b, "y"), "band", float(d)))
+        else:
+            out.append(Term((a, "x"), (b, "x"), "udf", udf_name="poison", udf=poison_udf, args={"limit": d}))
+    return tuple(out)
+
+
+def pair_predicate(terms: tuple[Term, ...]):
+    """The reference's pair predicate: the AND of `terms` between two tuples."""
+    def holds(i: int, a: ThetaTuple, j: int, b: ThetaTuple) -> bool:
+        for t in terms:
+            if t.streams != frozenset((i, j)):
+                continue
+            va = {i: np.array([a.fields[t.side(i)]]), j: np.array([b.fields[t.side(j)]])}
+            if t.kind == "udf":
+                try:
+                    ok = bool(t.udf(va[t.left[0]], va[t.right[0]], **t.args)[0])
+                except ValueError:
+                    ok = False  # a failing UDF pair is no match (and its trigger is dead-lettered)
+            else:
+                ok = bool(t.evaluate(va)[0])
+            if not ok:
+                return False
+        return True
+    return holds

@@ -9,51 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streamjoin.engine.predicates import Term
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
-from tests.unit.psp_harness import Arrival, make_plan, run_ring
-
-
-def poison_udf(left: np.ndarray, right: np.ndarray, limit: int = 4) -> np.ndarray:
-    """Close enough in x, and blows up on the poison value 13."""
-    if (left == 13).any() or (right == 13).any():
-        raise ValueError("poison")
-    return np.abs(left - right) <= limit
-
-
-def _term_strategy(m: int):
-    pair = st.tuples(st.integers(0, m - 1), st.integers(0, m - 1)).filter(lambda p: p[0] != p[1])
-    kind = st.sampled_from(["eq", "band", "udf"])
-    return st.tuples(pair, kind, st.integers(0, 3))
-
-
-def _terms(spec: list) -> tuple[Term, ...]:
-    out = []
-    for (a, b), kind, d in spec:
-        if kind == "eq":
-            out.append(Term((a, "x"), (b, "x"), "eq"))
-        elif kind == "band":
-            out.append(Term((a, "y"), (b, "y"), "band", float(d)))
-        else:
-            out.append(Term((a, "x"), (b, "x"), "udf", udf_name="poison", udf=poison_udf, args={"limit": d}))
-    return tuple(out)
-
-
-def _pair_predicate(terms: tuple[Term, ...]):
-    def holds(i: int, a: ThetaTuple, j: int, b: ThetaTuple) -> bool:
-        for t in terms:
-            if t.streams != frozenset((i, j)):
-                continue
-            va = {i: np.array([a.fields[t.side(i)]]), j: np.array([b.fields[t.side(j)]])}
-            if t.kind == "udf":
-                try:
-                    ok = bool(t.udf(va[t.left[0]], va[t.right[0]], **t.args)[0])
-                except ValueError:
-                    ok = False  # a failing UDF pair is no match (and its trigger is dead-lettered)
-            else:
-                ok = bool(t.evaluate(va)[0])
-            if not ok:
-                return False
-        return True
-    return holds
+from tests.unit.psp_harness import Arrival, make_plan, pair_predicate, run_ring, term_strategy, terms_of
 
 
 @st.composite
@@ -62,7 +18,7 @@ def scenarios(draw):
     n_nodes = draw(st.integers(1, 5))
     windows = [RefWindow(range_ms=draw(st.integers(5, 60))) if draw(st.booleans())
                else RefWindow(rows=draw(st.integers(1, 6))) for _ in range(m)]
-    terms = _terms(draw(st.lists(_term_strategy(m), max_size=3)))
+    terms = terms_of(draw(st.lists(term_strategy(m), max_size=3)))
     orders = tuple(tuple(draw(st.permutations([j for j in range(m) if j != i]))) for i in range(m))
     n = draw(st.integers(0, 9 if m == 4 else 14 if m == 3 else 30))
     offs = [0] * (3 * m)
@@ -98,7 +54,7 @@ def test_ring_union_equals_reference_join(sc: dict) -> None:
     streams = [[ThetaTuple((f"t{a.stream}", a.part, a.off), a.ts, {"x": a.x, "y": a.y})
                 for a in sc["arrivals"] if a.stream == i and (f"t{i}", a.part, a.off) not in late]
                for i in range(sc["m"])]
-    expected = reference_theta_join(streams, sc["windows"], _pair_predicate(sc["terms"]))
+    expected = reference_theta_join(streams, sc["windows"], pair_predicate(sc["terms"]))
     assert len(emitted) == len(set(emitted)), "a result was produced twice"
     assert set(emitted) == expected, (sorted(expected - set(emitted))[:5], sorted(set(emitted) - expected)[:5])
     # Every node's slices end up holding only what the last rounds can still see.
