@@ -117,8 +117,9 @@ class PredicateTerm(_Strict):
 
 
 class JoinSpec(_Strict):
-    mode: Literal["hash", "ring"] = Field(
-        default="hash", description="hash: partition groups by key (seeds 000/003); ring: PSP time slices (seed 004)")
+    mode: Literal["hash", "ring", "splitjoin"] = Field(
+        default="hash", description="hash: partition groups by key (seeds 000/003); ring: PSP time slices (seed 004); "
+                                    "splitjoin: broadcast cores, results in input order (seed 001)")
     allowed_lateness_ms: int = Field(default=2000, ge=0)
     idle_timeout_ms: int | None = Field(
         default=None, ge=0,
@@ -164,6 +165,21 @@ class RingSpec(_Strict):
         default="passive", description="on a resize: slice bounds move gradually, or state moves at once")
     passive_rounds: int = Field(default=20, ge=1, description="rounds over which passive relocation moves bounds")
     round_ms: int = Field(default=100, gt=0, description="how often the head releases a round by watermark")
+
+
+class SplitJoinSpec(_Strict):
+    """SplitJoin (seed 001): every core reads every tuple, stores each stream's every k-th tuple
+    (per-stream sequence number mod k = its position) and probes every tuple against what it
+    stores; the merger puts the cores' results in input order by their punctuations."""
+
+    cores: int = Field(default=2, ge=1, le=64, description="k at start; `streamjoin splitjoin scale` changes it")
+    max_cores: int = Field(
+        default=16, ge=1, le=64,
+        description="partitions of the core-output and core-changelog topics: the most cores a scale may ask for")
+    punctuate_every: int = Field(
+        default=1, ge=0,
+        description="punctuation precision: 1 = after every input tuple, n = every n tuples, 0 = none (unordered)")
+    batch_ms: int = Field(default=50, gt=0, description="how often a core releases what the input order lets go")
 
 
 class SpillSpec(_Strict):
@@ -393,6 +409,7 @@ class JobSettings(BaseModel):
     worker: WorkerSpec = WorkerSpec()
     coordinator: CoordinatorSpec = CoordinatorSpec()
     ring: RingSpec = RingSpec()
+    splitjoin: SplitJoinSpec = SplitJoinSpec()
     workload: WorkloadSpec = WorkloadSpec()
     output: OutputSpec = OutputSpec()
     faults: FaultSpec = FaultSpec()
@@ -444,7 +461,11 @@ class JobSettings(BaseModel):
         if self.join.mode == "hash":
             self._check_hash_mode()
         else:
+            self._check_predicate()
+        if self.join.mode == "ring":
             self._check_ring_mode()
+        if self.join.mode == "splitjoin":
+            self._check_splitjoin_mode()
         return self
 
     def _check_names(self) -> None:
@@ -495,7 +516,8 @@ class JobSettings(BaseModel):
         if len(key_types) != 1:
             raise ValueError(f"all streams must have key fields of the same types for an equi-join, got {key_types}")
 
-    def _check_ring_mode(self) -> None:
+    def _check_predicate(self) -> None:
+        """Ring and SplitJoin modes: terms name existing fields, bands numeric ones, UDFs registered ones."""
         fields = {s.name: s.fields for s in self.streams}
         for i, term in enumerate(self.join.predicate):
             for side in (term.left, term.right):
@@ -508,6 +530,9 @@ class JobSettings(BaseModel):
             if term.udf is not None and term.udf not in self.join.udfs:
                 raise ValueError(f"join.predicate.{i}: unknown UDF {term.udf!r}; register it under join.udfs "
                                  f"(known: {sorted(self.join.udfs) or 'none'})")
+
+    def _check_ring_mode(self) -> None:
+        fields = {s.name: s.fields for s in self.streams}
         for stream, order in self.join.order.items():
             others = sorted(n for n in fields if n != stream)
             if stream not in fields or sorted(order) != others:
@@ -515,6 +540,18 @@ class JobSettings(BaseModel):
         if isinstance(self.ring.nodes, int) and not 1 <= self.ring.nodes <= self.ring.max_nodes:
             raise ValueError(f"ring.nodes={self.ring.nodes} is impossible: give 1..ring.max_nodes "
                              f"({self.ring.max_nodes}) or 'auto'")
+
+    def _check_splitjoin_mode(self) -> None:
+        if len(self.streams) != 2:
+            raise ValueError(f"join.mode splitjoin joins two streams (a pair belongs to the core of its older "
+                             f"member), got {len(self.streams)}: use join.mode ring for multi-way joins")
+        if self.join.idle_timeout_ms:
+            raise ValueError("join.idle_timeout_ms must be unset in splitjoin mode: every core merges the sources "
+                             "itself and a wall-clock idleness rule would give cores different sequences; an idle "
+                             "partition is moved by a mark record (`streamjoin splitjoin tick`)")
+        if self.splitjoin.cores > self.splitjoin.max_cores:
+            raise ValueError(f"splitjoin.cores ({self.splitjoin.cores}) is above splitjoin.max_cores "
+                             f"({self.splitjoin.max_cores})")
 
     @property
     def longest_time_window_ms(self) -> int:
@@ -562,6 +599,21 @@ class JobSettings(BaseModel):
     @property
     def placement_topic(self) -> str:
         return f"{self.job}.placement"
+
+    @property
+    def core_output_topic(self) -> str:
+        """Internal (splitjoin mode): partition i holds core i's results and punctuations, for the merger."""
+        return f"{self.job}.splitjoin.out"
+
+    @property
+    def core_changelog_topic(self) -> str:
+        """Internal (splitjoin mode): partition i holds core i's stored blocks and checkpoints."""
+        return f"{self.job}.splitjoin.changelog"
+
+    @property
+    def merger_topic(self) -> str:
+        """Internal (splitjoin mode): the merger's checkpoints, written with the results they cover."""
+        return f"{self.job}.merger"
 
     def hop_topic(self, node: str) -> str:
         """Ring mode: the one-partition topic a ring node reads (FIFO from its predecessor)."""

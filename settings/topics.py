@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TopicRole = Literal["input", "results", "commits", "changelog", "dead_letter", "control", "placement", "by_key",
-                    "ring_hop"]
+                    "ring_hop", "core_output"]
 ROLES: tuple[TopicRole, ...] = get_args(TopicRole)
 CleanupPolicy = Literal["delete", "compact", "compact,delete"]
 TopicConfigValue = str | int | float | bool
@@ -31,7 +31,8 @@ DAY_MS = 24 * HOUR_MS
 # Roles whose records are keyed by something other than "the latest value wins": compaction would
 # drop records that share a key (results share a join key, inputs and dead letters a user's key,
 # hop messages and re-routed records have no key, and a compacted topic refuses unkeyed writes).
-NEVER_COMPACTED: frozenset[TopicRole] = frozenset({"input", "results", "dead_letter", "by_key", "ring_hop"})
+NEVER_COMPACTED: frozenset[TopicRole] = frozenset({"input", "results", "dead_letter", "by_key", "ring_hop",
+                                                   "core_output"})
 # Roles recovery reads for the latest record per key (group, node, partition group): only
 # compaction keeps that record however old it is.
 ALWAYS_COMPACTED: frozenset[TopicRole] = frozenset({"commits", "changelog", "placement"})
@@ -107,6 +108,8 @@ ROLE_DEFAULTS: dict[TopicRole, RoleTopics] = {
     "dead_letter": RoleTopics(cleanup_policy="delete", retention_ms=30 * DAY_MS),
     "by_key": RoleTopics(cleanup_policy="delete", retention_ms=7 * DAY_MS),
     "ring_hop": RoleTopics(cleanup_policy="delete", retention_ms=HOUR_MS, extra={"segment.ms": 10 * 60_000}),
+    # SplitJoin cores' results and punctuations: the merger re-reads them after a restart.
+    "core_output": RoleTopics(cleanup_policy="delete", retention_ms=7 * DAY_MS),
 }
 
 
@@ -140,6 +143,7 @@ class TopicsSpec(_Strict):
     placement: RoleTopics = RoleTopics()
     by_key: RoleTopics = RoleTopics()
     ring_hop: RoleTopics = RoleTopics()
+    core_output: RoleTopics = RoleTopics()
 
     def effective(self, role: TopicRole) -> RoleTopics:
         """`role`'s settings with every unset field filled: its own, else cluster-wide, else the role's default."""

@@ -24,7 +24,7 @@ from streamjoin.settings.topics import ALWAYS_COMPACTED, KEEP_FOREVER, NEVER_COM
 
 Severity = Literal["danger", "warning"]
 # Losing these loses exactness (results, recovery's commits, re-routed input): one copy is a danger.
-RECOVERY_CRITICAL: frozenset[TopicRole] = frozenset({"results", "commits", "changelog", "by_key"})
+RECOVERY_CRITICAL: frozenset[TopicRole] = frozenset({"results", "commits", "changelog", "by_key", "core_output"})
 # Transient roles: a lost replica costs a resend, not data; replication is not checked for them.
 TRANSIENT: frozenset[TopicRole] = frozenset({"control", "ring_hop"})
 
@@ -56,7 +56,8 @@ def plan(job: JobSettings) -> list[TopicPlan]:
     inputs_exact = job.join.mode == "hash" and job.join.repartition == "never"
     topics = [_planned(job, job.topic_of(s), "input", p, inputs_exact, s.name) for s in job.streams]
     topics += [
-        _planned(job, job.results_topic, "results", p),  # partition g holds group g's results
+        # partition g holds group g's results; SplitJoin's are in input order, so in one partition
+        _planned(job, job.results_topic, "results", 1 if job.join.mode == "splitjoin" else p),
         _planned(job, job.commits_topic, "commits", p),  # partition g: group g's batch commits
         _planned(job, job.dead_letter_topic, "dead_letter", p),
         _planned(job, job.control_topic, "control", 1),  # one partition: heartbeats and assignments in order
@@ -66,6 +67,13 @@ def plan(job: JobSettings) -> list[TopicPlan]:
         topics += [_planned(job, job.by_key_topic(s), "by_key", p, stream=s.name) for s in job.streams]
         if job.worker.changelog:  # partition g: group g's state writes
             topics.append(_planned(job, job.changelog_topic, "changelog", p))
+    if job.join.mode == "splitjoin":
+        cores = job.splitjoin.max_cores
+        topics += [
+            _planned(job, job.core_output_topic, "core_output", cores),  # partition i: core i's results, punctuated
+            _planned(job, job.core_changelog_topic, "changelog", cores),  # partition i: core i's sub-window, checkpoints
+            _planned(job, job.merger_topic, "commits", 1),  # the merger's checkpoints
+        ]
     return topics
 
 

@@ -49,6 +49,7 @@ class CoreOutput:
     through: int  # every result whose probing tuple's sequence is below this is in this output or an earlier one
     punctuation: int | None  # `through` at the job's precision (None: unordered, no punctuation)
     retired: bool  # this core stores nothing now and holds nothing: it makes no results until it stores again
+    schedule: Schedule  # the storage schedule as this core knows it (the merger learns switches from it)
     failures: ProbeFailures = field(default_factory=ProbeFailures)
 
 
@@ -67,11 +68,11 @@ class SplitCore:
         self.through = 0
 
     def switch(self, schedule: Schedule) -> None:
-        """A new modulus from a sequence number this core has not reached yet."""
-        if schedule.epochs[:len(self.schedule.epochs)] != self.schedule.epochs:
-            raise ValueError("a schedule only grows")
-        if schedule.epochs[-1].first_g < self.through:
-            raise ValueError(f"a switch at {schedule.epochs[-1].first_g} is behind this core ({self.through})")
+        """A schedule that changes nothing this core has already stored by: its epochs
+        below the core's position are the ones it ran."""
+        if schedule.before(self.through) != self.schedule.before(self.through):
+            raise ValueError(f"a switch behind this core (at {self.through}): "
+                             f"{schedule.epochs} against {self.schedule.epochs}")
         self.schedule = schedule
 
     def process(self, tuples: list[Block], horizon: Horizon, now_ms: int, caught_up: bool = False) -> CoreOutput:
@@ -79,7 +80,7 @@ class SplitCore:
         input order's position after it; caught_up: nothing more is waiting to be read, so
         punctuate exactly here (the last results of a quiet input do not wait for the next
         multiple of the precision)."""
-        out = CoreOutput(Block(), self.through, None, False)
+        out = CoreOutput(Block(), self.through, None, False, self.schedule)
         self._store(tuples)
         out.results = self._probe(tuples, now_ms, out.failures)
         self._expire(horizon)

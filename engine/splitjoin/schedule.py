@@ -37,10 +37,17 @@ class Schedule:
         return cls((Epoch(0, cores),))
 
     def switched(self, first_g: int, cores: int) -> "Schedule":
-        """This schedule with `cores` from `first_g` on (past the last epoch's start)."""
-        if first_g <= self.epochs[-1].first_g:
-            raise ValueError(f"a switch at {first_g} does not follow the last one at {self.epochs[-1].first_g}")
-        return Schedule(self.epochs + (Epoch(first_g, cores),))
+        """This schedule with `cores` from `first_g` on: a new last epoch, or the last one
+        replaced when it starts at `first_g` too (two switches met at the same tuple)."""
+        last = self.epochs[-1]
+        if first_g < last.first_g:
+            raise ValueError(f"a switch at {first_g} is behind the last one at {last.first_g}")
+        kept = self.epochs[:-1] if first_g == last.first_g else self.epochs
+        return Schedule(kept + (Epoch(first_g, cores),))
+
+    def before(self, g: int) -> tuple[Epoch, ...]:
+        """The epochs that start below `g`."""
+        return tuple(e for e in self.epochs if e.first_g < g)
 
     def cores_at(self, g: int) -> int:
         return self.epochs[self._epoch_index(np.array([g]))[0]].cores

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -23,6 +24,13 @@ from streamjoin.engine.splitjoin.schedule import Schedule
 from tests.unit.psp_harness import Arrival, block_of, make_plan, pair_predicate, template, term_strategy, terms_of
 
 FLUSH_TS = 1 << 40  # a mark this late in every partition releases everything
+MAX_CORES = 4
+
+
+@dataclass(frozen=True)
+class Mark:
+    mark_id: str
+    cores: int
 
 
 @st.composite
@@ -38,11 +46,10 @@ def scenarios(draw):
         offsets[(s, p)] = offsets.get((s, p), -1) + 1
         arrivals.append(Arrival(s, max(clock, 0), p, offsets[(s, p)], draw(st.integers(10, 16)),
                                 float(draw(st.integers(0, 6)))))
-    schedule = Schedule.fixed(draw(st.integers(1, 4)))
-    for first_g in sorted(set(draw(st.lists(st.integers(1, 40), max_size=2)))):
-        schedule = schedule.switched(first_g, draw(st.integers(1, 4)))
+    # Scale marks: (arrivals before it, new core count), written into every partition.
+    marks = sorted(draw(st.lists(st.tuples(st.integers(0, len(arrivals)), st.integers(1, 4)), max_size=2)))
     return dict(windows=windows, terms=terms_of(draw(st.lists(term_strategy(2), max_size=3))),
-                partitions=partitions, arrivals=arrivals, schedule=schedule,
+                partitions=partitions, arrivals=arrivals, schedule=Schedule.fixed(draw(st.integers(1, 4))), marks=marks,
                 lateness=draw(st.integers(0, 10)), precision=draw(st.sampled_from([0, 1, 2, 5])),
                 seed=draw(st.integers(0, 10_000)))
 
@@ -62,15 +69,22 @@ def late_refs(arrivals: list[Arrival], lateness: int) -> set[tuple]:
 def run_core(sc: dict, plan, position: int, rng: random.Random) -> tuple[list, dict, set]:
     """One core reading the partitions in its own random interleaving and batch sizes; returns
     (its outputs in order, (stream, partition, offset) -> global sequence, refs it found late)."""
-    order = InputOrder(sc["partitions"], sc["lateness"], [block_of([])] * 2)
+    order = InputOrder(sc["partitions"], sc["lateness"], [block_of([])] * 2, sc["schedule"])
     core = SplitCore(plan, position, sc["schedule"], [template(2)] * 2, sc["precision"])
-    queues = {}
-    for a in sorted(sc["arrivals"], key=lambda a: a.off):
-        queues.setdefault((a.stream, a.part), deque()).append(a)
+    queues = {(s, p): deque() for s, n in enumerate(sc["partitions"]) for p in range(n)}
+    marks = deque(sc["marks"])
+    for i, a in enumerate(sc["arrivals"] + [None]):
+        while marks and marks[0][0] == i:
+            cores = marks.popleft()[1]
+            for q in queues.values():
+                q.append(Mark(f"scale-{i}-{cores}", cores))
+        if a is not None:
+            queues[(a.stream, a.part)].append(a)
     outputs, numbering, late = [], {}, set()
 
     def step(caught_up: bool = False) -> None:
         tuples = order.release()
+        core.switch(order.schedule)
         for j, b in enumerate(tuples):
             numbering.update({(j, int(p), int(o)): int(g) for p, o, g in zip(b[PART], b[OFF], b[G])})
         outputs.append(core.process(tuples, order.horizon(), now_ms=0, caught_up=caught_up))
@@ -80,9 +94,15 @@ def run_core(sc: dict, plan, position: int, rng: random.Random) -> tuple[list, d
         for _ in range(rng.randint(1, 4)):
             s, p = rng.choice(live)
             q = queues[(s, p)]
-            chunk = [q.popleft() for _ in range(min(len(q), rng.randint(1, 3)))]
-            dead = order.add(s, block_of(chunk))
-            late |= {(f"t{s}", int(p), int(o)) for p, o in zip(dead[PART], dead[OFF])}
+            if isinstance(q[0], Mark):
+                mark = q.popleft()
+                order.scale_mark(s, p, mark.mark_id, mark.cores)
+            else:
+                chunk = []
+                while q and not isinstance(q[0], Mark) and len(chunk) < rng.randint(1, 3):
+                    chunk.append(q.popleft())
+                dead = order.add(s, block_of(chunk))
+                late |= {(f"t{s}", int(p), int(o)) for p, o in zip(dead[PART], dead[OFF])}
             if not q:
                 break
         step()
@@ -98,18 +118,20 @@ def run_core(sc: dict, plan, position: int, rng: random.Random) -> tuple[list, d
 def test_merged_output_is_the_reference_join_in_input_order(sc: dict) -> None:
     rng = random.Random(sc["seed"])
     plan = make_plan(sc["windows"], sc["terms"], ((1,), (0,)))
-    cores = [run_core(sc, plan, c, rng) for c in range(sc["schedule"].max_cores)]
+    cores = [run_core(sc, plan, c, rng) for c in range(MAX_CORES)]
     late = late_refs(sc["arrivals"], sc["lateness"])
     for _, numbering, core_late in cores:
         assert core_late == late
         assert numbering == cores[0][1], "cores numbered the input differently"
     columns = sequence_columns(splitjoin_plan(plan))
     merge = OrderedMerge(sc["schedule"], columns, ordered=sc["precision"] > 0)
+    assert len({c.schedule for outputs, _, _ in cores for c in outputs[-1:]}) == 1, "cores switched differently"
     pending = {c: deque(outputs) for c, (outputs, _, _) in enumerate(cores)}
     emitted = []
     while any(pending.values()):
         c = rng.choice([c for c, q in pending.items() if q])
         out = pending[c].popleft()
+        merge.learn(out.schedule)
         merge.add(c, out.results, out.punctuation, out.retired)
         emitted += _refs(merge.release())
     assert merge.held == 0, "results left in the merger after every core punctuated the end"
@@ -141,7 +163,7 @@ def test_a_core_stores_its_share_and_finds_each_pair_once() -> None:
     arrivals = [Arrival(i % 2, i, 0, i // 2, 10, 0.0) for i in range(12)]
     found = []
     for c in range(3):
-        order = InputOrder([1, 1], 0, [block_of([])] * 2)
+        order = InputOrder([1, 1], 0, [block_of([])] * 2, Schedule.fixed(3))
         core = SplitCore(plan, c, Schedule.fixed(3), [template(2)] * 2, punctuate_every=1)
         for s in range(2):
             order.add(s, block_of([a for a in arrivals if a.stream == s]))
@@ -155,7 +177,7 @@ def test_a_core_stores_its_share_and_finds_each_pair_once() -> None:
 def test_switch_behind_the_core_is_refused() -> None:
     plan = make_plan([RefWindow(rows=3)] * 2, (), ((1,), (0,)))
     core = SplitCore(plan, 0, Schedule.fixed(2), [template(2)] * 2, punctuate_every=1)
-    order = InputOrder([1, 1], 0, [block_of([])] * 2)
+    order = InputOrder([1, 1], 0, [block_of([])] * 2, Schedule.fixed(2))
     for s in range(2):
         order.add(s, block_of([Arrival(s, t, 0, t, 10, 0.0) for t in range(5)]))
         order.advance(s, 0, FLUSH_TS)
@@ -178,7 +200,7 @@ def test_sequence_numbers_do_not_depend_on_fetch_order() -> None:
     arrivals = [Arrival(0, t * 3 % 17, t % 2, t // 2, 10, 0.0) for t in range(20)]
     numberings = []
     for first in (0, 1):
-        order = InputOrder([2, 1], 5, [block_of([])] * 2)
+        order = InputOrder([2, 1], 5, [block_of([])] * 2, Schedule.fixed(1))
         numbering = {}
         for part in (first, 1 - first):
             for a in [a for a in arrivals if a.part == part]:
@@ -192,3 +214,31 @@ def test_sequence_numbers_do_not_depend_on_fetch_order() -> None:
         numbering |= dict(zip(zip(released[PART].tolist(), released[OFF].tolist()), released[G].tolist()))
         numberings.append(numbering)
     assert numberings[0] == numberings[1] and len(numberings[0]) > 0
+
+
+def test_a_scale_mark_switches_at_the_first_tuple_past_every_partition_before_it() -> None:
+    """Two partitions; the mark comes after ts 30 in one and ts 10 in the other, so the new
+    modulus starts at the first released tuple later than 30, read in either order."""
+    firsts = []
+    for first_part in (0, 1):
+        order = InputOrder([2, 1], 0, [block_of([])] * 2, Schedule.fixed(2))
+        before = {0: [Arrival(0, t, 0, i, 10, 0.0) for i, t in enumerate((5, 30))],
+                  1: [Arrival(0, t, 1, i, 10, 0.0) for i, t in enumerate((10,))]}
+        after = {0: [Arrival(0, 40, 0, 2, 10, 0.0)], 1: [Arrival(0, 20, 1, 1, 10, 0.0), Arrival(0, 35, 1, 2, 10, 0.0)]}
+        order.add(1, block_of([Arrival(1, 1, 0, 0, 10, 0.0)]))
+        for p in (first_part, 1 - first_part):
+            order.add(0, block_of(before[p]))
+            order.scale_mark(0, p, "m1", 3)
+            order.release()
+            assert order.schedule == Schedule.fixed(2)  # not before the mark is read in every partition
+        order.scale_mark(1, 0, "m1", 3)
+        for p in (0, 1):
+            order.add(0, block_of(after[p]))
+            order.advance(0, p, FLUSH_TS)
+        order.advance(1, 0, FLUSH_TS)
+        released = order.release()[0]
+        first = int(released[G][released["_ts"] == 35][0])
+        assert order.schedule.epochs[-1].cores == 3
+        firsts.append(order.schedule.epochs[-1].first_g)
+        assert firsts[-1] == first  # ts 20 (after its mark, yet earlier than 30) stays in the old epoch
+    assert firsts[0] == firsts[1]
