@@ -53,12 +53,13 @@ class CoreMeta(_Strict):
     punctuation: int | None = Field(default=None, ge=0)
     retired: bool = False
     schedule: list[tuple[int, int]]  # epochs (first_g, cores)
+    switches: int = Field(default=0, ge=0)  # the schedule's switch count (Schedule.switches)
     piece: int = Field(default=0, ge=0)
     pieces: int = Field(default=1, ge=1)
 
     def to_schedule(self) -> Schedule:
         try:
-            return Schedule(tuple(Epoch(g, k) for g, k in self.schedule))
+            return Schedule(tuple(Epoch(g, k) for g, k in self.schedule), self.switches)
         except ValueError as e:
             raise SplitJoinWireError(f"bad schedule {self.schedule}: {e}") from e
 

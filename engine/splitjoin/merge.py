@@ -44,8 +44,8 @@ class OrderedMerge:
     released_below: int = 0  # every result below this has left
 
     def learn(self, schedule: Schedule) -> None:
-        """A core's schedule: the longest one seen is the job's (every core derives the same switches)."""
-        if len(schedule.epochs) > len(self.schedule.epochs):
+        """A core's schedule: the one with the most switches is the job's (every core derives the same ones)."""
+        if schedule.switches > self.schedule.switches:
             self.schedule = schedule
 
     def add(self, core: int, results: Block, punctuation: int | None, retired: bool) -> None:
@@ -70,8 +70,9 @@ class OrderedMerge:
             return NO_LIMIT if first is None else first
         if not mark.retired:
             return mark.punctuation
-        again = self.schedule.joins_after(core, mark.punctuation)
-        return NO_LIMIT if again is None else max(mark.punctuation, again)
+        # Retired under the schedule it knew: it holds nothing until it stores again (under the newest).
+        again = self.schedule.stores_after(core, mark.punctuation)
+        return NO_LIMIT if again is None else again
 
     def release(self) -> Block:
         """The results below the frontier, in input order."""

@@ -22,6 +22,7 @@ class Epoch:
 @dataclass(frozen=True)
 class Schedule:
     epochs: tuple[Epoch, ...]
+    switches: int = 0  # how many switches made it: of two schedules of one run, the one with more is newer
 
     def __post_init__(self) -> None:
         if not self.epochs or self.epochs[0].first_g != 0:
@@ -43,7 +44,7 @@ class Schedule:
         if first_g < last.first_g:
             raise ValueError(f"a switch at {first_g} is behind the last one at {last.first_g}")
         kept = self.epochs[:-1] if first_g == last.first_g else self.epochs
-        return Schedule(kept + (Epoch(first_g, cores),))
+        return Schedule(kept + (Epoch(first_g, cores),), self.switches + 1)
 
     def before(self, g: int) -> tuple[Epoch, ...]:
         """The epochs that start below `g`."""
@@ -65,12 +66,12 @@ class Schedule:
         """Where `core` first stores: the start of the first epoch that has it (None: never)."""
         return next((e.first_g for e in self.epochs if core < e.cores), None)
 
-    def joins_after(self, core: int, g: int) -> int | None:
-        """The start of the first epoch at or after `g` that has `core`, when the epoch
-        current at `g` does not (None: no such epoch)."""
+    def stores_after(self, core: int, g: int) -> int | None:
+        """Where `core` stores next from sequence `g` on: `g` when the epoch current at `g` has
+        it, else the start of the first later epoch that has it (None: it never stores again)."""
         if core < self.cores_at(g):
-            return None
-        return next((e.first_g for e in self.epochs if e.first_g >= g and core < e.cores), None)
+            return g
+        return next((e.first_g for e in self.epochs if e.first_g > g and core < e.cores), None)
 
     @property
     def max_cores(self) -> int:
