@@ -51,6 +51,7 @@ class CoreMeta(_Strict):
     from_g: int = Field(ge=0)
     through: int = Field(ge=0)
     punctuation: int | None = Field(default=None, ge=0)
+    watermark: int = Field(default=-(1 << 62))  # the input order's watermark after the release: every tuple below it has a sequence below `through`
     retired: bool = False
     schedule: list[tuple[int, int]]  # epochs (first_g, cores)
     switches: int = Field(default=0, ge=0)  # the schedule's switch count (Schedule.switches)

@@ -31,6 +31,8 @@ plan_app = typer.Typer(no_args_is_help=True, help="Cost-model plans.")
 app.add_typer(plan_app, name="plan")
 ring_app = typer.Typer(no_args_is_help=True, help="Resize a PSP ring (ring mode jobs).")
 app.add_typer(ring_app, name="ring")
+splitjoin_app = typer.Typer(no_args_is_help=True, help="Scale SplitJoin cores, move idle partitions (splitjoin jobs).")
+app.add_typer(splitjoin_app, name="splitjoin")
 schema_app = typer.Typer(no_args_is_help=True, help="Schemas of what the job writes.")
 app.add_typer(schema_app, name="schema")
 console = Console(stderr=True, soft_wrap=True)
@@ -159,11 +161,22 @@ def _print_topic_report(settings: JobSettings, report: topics.Report) -> None:
 def worker(
     worker_id: Annotated[str, typer.Option("--worker-id", help="stable id; keeps its RocksDB state across restarts")],
     job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port: PortOpt = None,
+    core: Annotated[Optional[int], typer.Option("--core", help="splitjoin mode: this core's position (0..max_cores-1)")]
+    = None,
 ) -> None:
-    """Run a join worker (hash-partitioned or PSP ring mode, as the job says)."""
+    """Run a join worker (hash-partitioned, PSP ring node or SplitJoin core, as the job says)."""
     s = _settings(job, bootstrap=bootstrap)
     logs.configure("worker", worker=worker_id)
-    if s.join.mode == "ring":
+    if s.join.mode == "splitjoin":
+        from streamjoin.services.splitjoin.core import run_core
+
+        if core is None or not 0 <= core < s.splitjoin.max_cores:
+            console.print(f"[red]error:[/red] --core: a splitjoin worker needs its position 0..{s.splitjoin.max_cores - 1} "
+                          f"(splitjoin.max_cores), got {core}")
+            raise typer.Exit(2)
+        _check_ring_job(s)
+        run_core(s, _cluster(s), core, worker_id, metrics_port)
+    elif s.join.mode == "ring":
         from streamjoin.services.worker.ring import run_ring_worker
 
         _check_ring_job(s)
@@ -172,6 +185,91 @@ def worker(
         from streamjoin.services.worker.main import run_worker
 
         run_worker(s, _cluster(s), worker_id, metrics_port)
+
+
+@app.command()
+def merger(job: JobOpt = None, bootstrap: BootstrapOpt = None, metrics_port: PortOpt = None) -> None:
+    """Run the SplitJoin merger: the cores' results into the results topic, in input order."""
+    s = _settings(job, bootstrap=bootstrap)
+    _need_splitjoin(s, "merger")
+    from streamjoin.services.splitjoin.merger import run_merger
+
+    logs.configure("merger")
+    run_merger(s, _cluster(s), metrics_port)
+
+
+def _need_splitjoin(s: JobSettings, command: str) -> None:
+    if s.join.mode != "splitjoin":
+        console.print(f"[red]error:[/red] job {s.job} has join.mode={s.join.mode!r}; `{command}` needs join.mode: splitjoin")
+        raise typer.Exit(2)
+
+
+def _write_marks(s: JobSettings, mark: object) -> int:
+    """One copy of `mark` in every partition of every source topic; returns how many were written."""
+    from streamjoin.schemas.splitjoin import mark_headers
+
+    cluster = _cluster(s)
+    topics_found = cluster.admin().list_topics(timeout=30).topics
+    missing = [t for t in s.input_topics if t not in topics_found]
+    if missing:
+        console.print(f"[red]error:[/red] source topics {missing} do not exist: run `streamjoin topics create`")
+        raise typer.Exit(1)
+    producer = cluster.producer()
+    written = 0
+    for topic in s.input_topics:
+        for partition in sorted(topics_found[topic].partitions):
+            producer.produce(topic, value=b"", headers=mark_headers(mark), partition=partition)  # type: ignore[arg-type]
+            written += 1
+    if producer.flush(30):
+        console.print("[red]error:[/red] the broker did not take every mark within 30 s; run the command again "
+                      "(a repeated mark changes nothing)")
+        raise typer.Exit(1)
+    return written
+
+
+@splitjoin_app.command("scale")
+def splitjoin_scale(
+    cores: Annotated[int, typer.Option("--cores", help="the new number of storage cores k")],
+    job: JobOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """Switch the storage modulus to k cores at one point of the input order: a scale mark goes into
+    every source partition. Start cores k_old..k-1 (`streamjoin worker --core I`) when growing;
+    departing cores keep probing until their sub-windows expire, then exit."""
+    import uuid
+
+    from streamjoin.schemas.splitjoin import ScaleMark
+
+    s = _settings(job, bootstrap=bootstrap)
+    _need_splitjoin(s, "splitjoin scale")
+    if not 1 <= cores <= s.splitjoin.max_cores:
+        console.print(f"[red]error:[/red] --cores must be 1..splitjoin.max_cores ({s.splitjoin.max_cores}), got {cores}")
+        raise typer.Exit(2)
+    mark = ScaleMark(id=uuid.uuid4().hex, cores=cores)
+    written = _write_marks(s, mark)
+    console.print(f"scale mark {mark.id} (k = {cores}) written to {written} source partitions")
+
+
+@splitjoin_app.command("tick")
+def splitjoin_tick(
+    ts: Annotated[Optional[int], typer.Option("--ts", help="event time (epoch ms) idle partitions move to; default now")]
+    = None,
+    job: JobOpt = None, bootstrap: BootstrapOpt = None,
+) -> None:
+    """Move every source partition's event time to --ts (a tick mark in each): idle partitions stop
+    holding the cores' watermark back, the same way on every core. A later record below the tick
+    minus the allowed lateness is late."""
+    import time
+
+    from streamjoin.schemas.splitjoin import TickMark
+
+    s = _settings(job, bootstrap=bootstrap)
+    _need_splitjoin(s, "splitjoin tick")
+    at = int(time.time() * 1000) if ts is None else ts
+    if not 0 <= at < 1 << 60:
+        console.print(f"[red]error:[/red] --ts must be an epoch time in ms, got {at}")
+        raise typer.Exit(2)
+    written = _write_marks(s, TickMark(ts=at))
+    console.print(f"tick to {at} written to {written} source partitions")
 
 
 @app.command()

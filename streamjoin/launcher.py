@@ -67,6 +67,16 @@ class Fleet:
     def start_worker(self, worker_id: str) -> None:
         self._spawn(worker_id, ["worker", "--worker-id", worker_id, "--metrics-port", str(self._port(worker_id))])
 
+    def start_core(self, position: int) -> str:
+        """A SplitJoin core as worker `core-<position>`; returns its name."""
+        name = f"core-{position}"
+        self._spawn(name, ["worker", "--worker-id", name, "--core", str(position),
+                           "--metrics-port", str(self._port(name))])
+        return name
+
+    def start_merger(self) -> None:
+        self._spawn("merger", ["merger", "--metrics-port", str(self._port("merger"))])
+
     def _port(self, name: str) -> int:
         """A fixed port per service name, so a restarted process is scraped at the same address."""
         if name not in self.metrics_ports:
@@ -99,15 +109,25 @@ class Fleet:
 
     def supervise(self) -> None:
         """Restart services that exited on their own (called from the waiting loops), as
-        Kubernetes would: the coordinator always (a Deployment), a worker while
-        `restart_workers` (a StatefulSet), but not a ring node that exited with
-        RING_FENCED_EXIT (it would only be fenced again)."""
+        Kubernetes would: the coordinator and the merger always (Deployments), a
+        worker while `restart_workers` (a StatefulSet), but not a ring node that exited
+        with RING_FENCED_EXIT (it would only be fenced again) nor a SplitJoin core that
+        retired (exit 0)."""
         for name, proc in list(self.procs.items()):
             if proc.poll() is None:
                 continue
             if name == "coordinator":
                 self.restarts += 1
                 self.start_coordinator()
+            elif name == "merger":
+                self.restarts += 1
+                self.start_merger()
+            elif name.startswith("core-"):
+                if proc.returncode == 0:  # a core that scaled away retires: it is done, not crashed
+                    self.procs.pop(name)
+                elif self.restart_workers:
+                    self.restarts += 1
+                    self.start_core(int(name.removeprefix("core-")))
             elif self.restart_workers and proc.returncode != RING_FENCED_EXIT:
                 self.restarts += 1
                 self.start_worker(name)

@@ -1,8 +1,9 @@
 """Spark `verify` job: reads a job's inputs, results, commits and dead letters, computes
 the exact join with Spark SQL under engine/reference.py's contract and says
 what is missing, extra or duplicated, plus production-delay percentiles.
-Hash mode (equi-join on keys) is `expected_join`, ring mode (predicate
-terms, reference_theta_join) `expected_theta_join`: see "ring mode" below.
+Hash mode (equi-join on keys) is `expected_join`, ring and splitjoin modes
+(predicate terms, reference_theta_join) `expected_theta_join`: see "ring mode"
+below (SplitJoin's merger writes the same release records as the ring head).
 
 A tuple's identity is (partition, offset) of its input record; a result's is
 the ordered tuple of its inputs' identities, one per stream. Internally every
@@ -37,6 +38,7 @@ from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, In
 
 from streamjoin.engine.predicates import UDF_ERROR, Term, compile_terms, evaluate_isolated, terms_between
 from streamjoin.schemas.codecs import BLOCK_SHIFT, arrow_schema
+from streamjoin.schemas.splitjoin import MARK_HEADER
 from streamjoin.schemas.results import EVENT_TIME, H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, PRODUCED_MS, ref_columns
 from streamjoin.services.kafka import Cluster
 from streamjoin.services.spark.kafka_source import NAME as KAFKA, local_session
@@ -681,7 +683,9 @@ def _verify_ring(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
     raw_dead = raw.filter(F.col("topic") == job.dead_letter_topic)
     dead = decode_ring_dead_letters(raw_dead, job).localCheckpoint()
     raw_results = raw.filter(F.col("topic") == job.results_topic)
-    decoded = [mark_dead(decode_tuples(raw.filter(F.col("topic") == job.topic_of(s)), s), dead).localCheckpoint()
+    # SplitJoin's scale and tick marks ride in the source partitions; they carry no tuple.
+    tuples = raw.filter(F.col("headers").getItem(MARK_HEADER).isNull())
+    decoded = [mark_dead(decode_tuples(tuples.filter(F.col("topic") == job.topic_of(s)), s), dead).localCheckpoint()
                for s in job.streams]
     release = release_watermark(raw.filter(F.col("topic") == job.commits_topic))
     released = F.col("ts") < F.lit(release) if release is not None else F.lit(False)
@@ -699,7 +703,7 @@ def _verify_ring(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
 
 
 def _check_formats(job: JobSettings) -> None:
-    readable = ("json", "blocks") if job.join.mode == "ring" else ("json",)
+    readable = ("json", "blocks") if job.join.mode != "hash" else ("json",)
     unsupported = [s.name for s in job.streams if s.format not in readable]
     if unsupported:
         raise ValueError(f"verify decodes {' and '.join(readable)} inputs in {job.join.mode} mode; "
@@ -716,7 +720,7 @@ def run_verify(job: JobSettings, cluster: Cluster, report_path: Path | None = No
     _check_formats(job)
     spark = local_session("streamjoin-verify")
     raw = _read(spark, cluster, [*job.input_topics, job.results_topic, job.commits_topic, job.dead_letter_topic])
-    checked, delays = (_verify_ring if job.join.mode == "ring" else _verify_hash)(job, raw)
+    checked, delays = (_verify_hash if job.join.mode == "hash" else _verify_ring)(job, raw)
     report = {"job": job.job, "streams": _stream_info(job), **checked}
     report["verified"] = all(report[k] == 0 for k in _MUST_BE_ZERO)
     if report_path is not None:
