@@ -19,7 +19,7 @@ JSON value (compact, keys in this order):
   place in it (the engine's tuple offset is (offset << BLOCK_SHIFT) | index).
 Avro value: schemaless binary of `results_avro_schema(layout)`.
 Key: hash mode the join-key text of the first stream's key fields (so the
-record lands on the results partition of its group), ring mode the 32-hex id.
+record lands on the results partition of its group), ring and splitjoin modes the 32-hex id.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class ResultLayout:
     """What the result records of a job look like (built once from its settings)."""
 
     job: str
-    mode: Literal["hash", "ring"]
+    mode: Literal["hash", "ring", "splitjoin"]
     streams: tuple[StreamLayout, ...]
 
 
@@ -354,11 +354,11 @@ def encode_blocks(block: Block) -> list[bytes]:
 
 def result_keys(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
     """The Kafka key of every result: hash mode the join-key text of the first stream's key
-    fields, ring mode the 32-hex result id. Feed it to `partitions_for_keys` for the results
+    fields, ring and splitjoin modes the 32-hex result id. Feed it to `partitions_for_keys` for the results
     partitions and to `columns.to_bytes_list` for the producer.
 
     layout: the job's `result_layout`; block: a result block."""
-    if layout.mode == "ring":
+    if layout.mode != "hash":
         return _hex_ids(block).cast(pa.large_binary())
     first = layout.streams[0]
     types = dict(first.fields)

@@ -168,13 +168,13 @@ def worker(
     s = _settings(job, bootstrap=bootstrap)
     logs.configure("worker", worker=worker_id)
     if s.join.mode == "splitjoin":
-        from streamjoin.services.splitjoin.core import run_core
-
         if core is None or not 0 <= core < s.splitjoin.max_cores:
             console.print(f"[red]error:[/red] --core: a splitjoin worker needs its position 0..{s.splitjoin.max_cores - 1} "
                           f"(splitjoin.max_cores), got {core}")
             raise typer.Exit(2)
         _check_ring_job(s)
+        from streamjoin.services.splitjoin.core import run_core
+
         run_core(s, _cluster(s), core, worker_id, metrics_port)
     elif s.join.mode == "ring":
         from streamjoin.services.worker.ring import run_ring_worker

@@ -58,7 +58,8 @@ class Check:
 
 def produced_refs(job: JobSettings, bootstrap: str) -> list[tuple[tuple[str, int, int], ...]]:
     """Every result on the results topic as its inputs' refs, in stream order (repeats kept)."""
-    records = read_all(bootstrap, job.results_topic, job.partitions, "check-out")
+    partitions = 1 if job.join.mode == "splitjoin" else job.partitions  # splitjoin: one partition, in input order
+    records = read_all(bootstrap, job.results_topic, partitions, "check-out")
     decoded = decode_results(result_layout(job), job.output.format, [m.value() for m in records])
     assert not decoded.rejects, decoded.rejects[:3]
     cols = [(job.topic_of(s), decoded.columns[f"{s.name}.partition"].tolist(),

@@ -11,6 +11,7 @@ import numpy as np
 
 from streamjoin.engine.predicates import UdfFailure, compile_terms
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
+from streamjoin.schemas.splitjoin import mark_of
 from streamjoin.schemas.results import H_OFFSET, H_REASON, H_TOPIC, RoundRelease, decode_headers
 from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
@@ -80,6 +81,8 @@ def ring_expected(job: JobSettings, bootstrap: str, released_below: int | None,
         topic = job.topic_of(s)
         rows = []
         for m in read_all(bootstrap, topic, job.partitions, "rcheck-in"):
+            if mark_of(m.headers()) is not None:
+                continue  # a SplitJoin scale or tick mark: no tuple
             ref = (topic, m.partition(), m.offset())
             v = json.loads(m.value()) if ref not in excluded else None
             if v is not None and (every_input or released_below is not None and v[s.time_field] < released_below):
