@@ -132,6 +132,56 @@ OFFSETS_RECOMMITTED = Counter("streamjoin_offsets_recommitted", "Idle input part
                               "behind the worker's position (reason=marker: only transaction markers since; "
                               "reason=lost: a batch's committed offset read back older)", ["reason"],
                               registry=REGISTRY)
+# SplitJoin cores (services/splitjoin/core.py, seed 001): one core per process, so no core label.
+SPLITJOIN_CORE_TUPLES_IN = Counter("streamjoin_splitjoin_core_tuples_in_total", "Input tuples the core's input order "
+                                   "released to it (every core sees every tuple)", ["stream"], registry=REGISTRY)
+SPLITJOIN_CORE_STORED = Counter("streamjoin_splitjoin_core_tuples_stored_total", "Tuples the core stored in its "
+                                "sub-window (its share under the storage schedule)", ["stream"], registry=REGISTRY)
+SPLITJOIN_CORE_RESULTS = Counter("streamjoin_splitjoin_core_results_total", "Results the core wrote to its "
+                                 "core-output partition", registry=REGISTRY)
+SPLITJOIN_CORE_THROUGH = Gauge("streamjoin_splitjoin_core_through", "Input sequence number below which every result "
+                               "the core probes for has been found", registry=REGISTRY)
+SPLITJOIN_CORE_PUNCTUATION = Gauge("streamjoin_splitjoin_core_punctuation", "The core's latest punctuation (through "
+                                   "at splitjoin.punctuate_every precision)", registry=REGISTRY)
+SPLITJOIN_CORE_HELD = Gauge("streamjoin_splitjoin_core_held_tuples", "Tuples the core's input order read and has not "
+                            "released yet (waiting for the watermark)", registry=REGISTRY)
+SPLITJOIN_CORE_STATE_TUPLES = Gauge("streamjoin_splitjoin_core_state_tuples", "Tuples in the core's sub-window",
+                                    ["stream"], registry=REGISTRY)
+SPLITJOIN_CORE_STATE_BYTES = Gauge("streamjoin_splitjoin_core_state_bytes", "Bytes of the core's sub-windows",
+                                   registry=REGISTRY)
+SPLITJOIN_CORE_RELEASES = Counter("streamjoin_splitjoin_core_releases_total", "Releases the core wrote (one Kafka "
+                                  "transaction each; releases that changed nothing are not written)", registry=REGISTRY)
+SPLITJOIN_CORE_RESTORES = Counter("streamjoin_splitjoin_core_restores_total", "Core starts and restarts by where its "
+                                  "state came from: own (its changelog checkpoint), bootstrap (core 0's snapshot of "
+                                  "the scale mark that added it), fresh (the sources' beginning)", ["source"],
+                                  registry=REGISTRY)
+# SplitJoin merger (services/splitjoin/merger.py, seed 001 section 5).
+SPLITJOIN_MERGER_RESULTS = Counter("streamjoin_splitjoin_merger_results_total",
+                                   "Results the SplitJoin merger wrote to the results topic, in input order",
+                                   registry=REGISTRY)
+SPLITJOIN_MERGER_FRONTIER = Gauge("streamjoin_splitjoin_merger_frontier",
+                                  "Input sequence number below which every result has been written",
+                                  registry=REGISTRY)
+SPLITJOIN_MERGER_HELD = Gauge("streamjoin_splitjoin_merger_held_results",
+                              "Results read from the cores and waiting for the frontier", registry=REGISTRY)
+SPLITJOIN_MERGER_HOLDING = Gauge("streamjoin_splitjoin_merger_holding_core",
+                                 "1 for the core(s) holding the frontier back (the lowest mark), else 0", ["core"],
+                                 registry=REGISTRY)
+SPLITJOIN_MERGER_LATENCY = BlockHistogram(
+    "streamjoin_splitjoin_merger_added_latency_seconds",
+    "The merger's added latency: the wall time a result was written minus its produced_ms (when its core made it)",
+    DELAY_BUCKETS, REGISTRY)
+SPLITJOIN_MERGER_UNREADABLE = Counter("streamjoin_splitjoin_merger_unreadable_records_total",
+                                      "Core-output records the merger could not read (skipped, logged with "
+                                      "partition and offset)", registry=REGISTRY)
+SPLITJOIN_MERGER_DROPPED = Counter(
+    "streamjoin_splitjoin_merger_dropped_total",
+    "What the merger read and did not write again, by reason: duplicate (results an aborted core attempt wrote "
+    "and its retry re-sent), released (results re-read after a restart, written before it), rewritten (results "
+    "an aborted merger attempt wrote, visible on brokers that show aborted records), unfinished (pieces of a "
+    "release its core abandoned)", ["reason"], registry=REGISTRY)
+SPLITJOIN_MERGER_RESTORES = Counter("streamjoin_splitjoin_merger_restores_total",
+                                    "Merger starts that restored a checkpoint", registry=REGISTRY)
 BROKER_ERRORS = Counter("streamjoin_broker_errors", "Kafka errors seen (retried)", ["kind"], registry=REGISTRY)
 
 

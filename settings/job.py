@@ -319,30 +319,35 @@ class CoordinatorSpec(_Strict):
 
 
 # The protocol steps a process can be made to crash at (FaultSpec), each between two durable
-# actions of seed 003's migration protocol (services/coordinator/moves.py says which).
+# actions of seed 003's migration protocol (services/coordinator/moves.py says which), or of
+# the SplitJoin merger's transaction (services/splitjoin/merger.py). A process named like a key
+# here has that key's steps; any other name is a worker id.
 CRASH_STEPS = {
     "coordinator": ("move-stored", "release-stored", "failover-stored"),
-    "worker": ("sender-committed", "receiver-fenced", "receiver-restored", "receiver-recovered", "spill-written"),
+    "merger": ("merger-written",),
+    "worker": ("sender-committed", "receiver-fenced", "receiver-restored", "receiver-recovered", "spill-written",
+               "core-output-written", "core-checkpointed"),  # the last two: a SplitJoin core's release transaction
 }
 
 
 class FaultSpec(_Strict):
     """Fault injection for crash tests and drills: each entry 'PROCESS:STEP' makes the named
-    process (`coordinator`, or a worker id) kill itself with SIGKILL the first time it reaches
+    process (`coordinator`, `merger`, or a worker id) kill itself with SIGKILL the first time it reaches
     STEP; a marker file under `<worker.state_dir>/faults/` records the crash, so the restarted
     process goes on. Empty (the default) in production."""
 
     crash_at: list[str] = Field(
         default_factory=list,
-        description="'coordinator:STEP' or 'WORKER_ID:STEP'; coordinator steps: "
-                    f"{', '.join(CRASH_STEPS['coordinator'])}; worker steps: {', '.join(CRASH_STEPS['worker'])}")
+        description="'coordinator:STEP', 'merger:STEP' or 'WORKER_ID:STEP'; coordinator steps: "
+                    f"{', '.join(CRASH_STEPS['coordinator'])}; merger steps: {', '.join(CRASH_STEPS['merger'])}; "
+                    f"worker steps: {', '.join(CRASH_STEPS['worker'])}")
 
     @field_validator("crash_at")
     @classmethod
     def _known_steps(cls, v: list[str]) -> list[str]:
         for entry in v:
             process, _, step = entry.partition(":")
-            steps = CRASH_STEPS["coordinator" if process == "coordinator" else "worker"]
+            steps = CRASH_STEPS.get(process, CRASH_STEPS["worker"])
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", process) or step not in steps:
                 raise ValueError(f"{entry!r} is not PROCESS:STEP with a step of {process or 'the process'} "
                                  f"({', '.join(steps)})")

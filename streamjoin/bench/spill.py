@@ -100,6 +100,7 @@ QUICK = Plan(partitions=12, rate=200, window_ms=24_000, batch_ms=500, seconds=24
 # Budgets as shares of the state: (a) one worker's whole state; (b)-(d) the cluster's whole state, per worker.
 BUDGET_A = 0.4  # "well below the state"
 BUDGET_B = 0.45  # x 3 workers = 1.35 x the state: the cluster holds it; the skewed worker (2/3) does not
+REPEATS_C = 3  # (c) compares wall times: the median of this many runs
 BUDGET_C = 0.12  # x 3 = 0.36: every worker past its budget, even the light ones (1/6 each)
 BUDGET_D = 0.22  # each worker holds 1/3: past its budget; the cluster holds 0.66 of the state
 PUSH_FRACTION = 0.3  # seed 003 4.4: 30%
@@ -469,14 +470,23 @@ def experiment_b(plan: Plan, workdir: Path, progress: Progress) -> dict:
 
 
 def experiment_c(plan: Plan, workdir: Path, progress: Progress) -> dict:
-    ours, other, setup = _cluster(plan, workdir, progress, "c", (2.0,), _skewed(plan.partitions), BUDGET_C,
-                                  ("lazy-disk", "lazy-disk"), ("no balancing", None))
+    """Clean-up time is wall time on a noisy machine: the pair runs REPEATS_C times (quick: once)
+    and the run with the median ratio is reported, every repeat's ratio beside it."""
+    repeats = 1 if plan is QUICK else REPEATS_C
+    runs = [_cluster(plan, workdir, progress, f"c{i + 1}", (2.0,), _skewed(plan.partitions), BUDGET_C,
+                     ("lazy-disk", "lazy-disk"), ("no balancing", None)) for i in range(repeats)]
+    ratios = [ours["cleanup_seconds"] / max(other["cleanup_seconds"], 1e-9) for ours, other, _ in runs]
+    ours, other, setup = runs[int(np.argsort(ratios)[len(ratios) // 2])]
     out = _pair("c", ours, other, "cleanup_seconds", "clean-up time of the busiest worker (lazy-disk / none)", "s",
                 "Figure 20 / 6.1: all machines overloaded; no-distributed takes > 1600 s to clean up 2,023,781 tuples "
                 "(one machine does most of it), lazy-disk < 400 s (ratio < 0.25)", False)
+    out["exact"] = out["exact"] and all(a["results"] == b["results"] > 0 for a, b, _ in runs)
+    out["repeats"] = {"ratios": [round(r, 4) for r in ratios], "median": round(float(np.median(ratios)), 4)}
     out["goal"] = {"ratio_at_most": 0.25, "met": out["ratio"]["ratio"] is not None and out["ratio"]["ratio"] <= 0.25}
     out["cleanup_seconds_sum_ratio"] = report.ratio(ours["cleanup_seconds_sum"], other["cleanup_seconds_sum"],
                                                     "clean-up time, all workers summed", "s")
+    out["cleanup_results_ratio"] = report.ratio(ours["cleanup_results"], other["cleanup_results"],
+                                                "clean-up results, all workers (the work, not the time)", "results")
     out["setup"] = setup
     return out
 

@@ -1,0 +1,1 @@
+"""SplitJoin mode (seed 001): the cores and the merger."""
