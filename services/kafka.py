@@ -194,6 +194,21 @@ def fence_transactions(cluster: Cluster, transactional_id: str, timeout_s: float
     producer.flush(timeout_s)
 
 
+def init_transactions(producer: Producer, log: Any, **context: object) -> None:
+    """Initialise a transactional producer, retrying while the broker says it may work later:
+    this fences the previous incarnation of its transactional id (its open transaction is
+    aborted), so a restarted service calls it before it reads any state."""
+    while True:
+        try:
+            producer.init_transactions(30)
+            return
+        except KafkaException as e:
+            if not e.args[0].retriable():
+                raise
+            log.warning("init_transactions failed; retrying", error=str(e), **context)
+            time.sleep(1.0)
+
+
 def wait_for_broker(cluster: Cluster, log: Any, give_up_after: float | None = None) -> None:
     """Block until the cluster answers, retrying with capped exponential backoff and
     logging each miss; services start before their broker in most deployments."""

@@ -212,3 +212,8 @@ def serve(port: int, health: HealthState, host: str = "0.0.0.0") -> WSGIServer:
     server = make_server(host, port, app, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
     return server
+
+
+def serve_url(port: int, health: HealthState) -> str:
+    """`serve` on `port` (0 = any free port); the URL a heartbeat reports for scraping."""
+    return f"http://127.0.0.1:{serve(port, health).server_port}/metrics"

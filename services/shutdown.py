@@ -16,7 +16,7 @@ import signal
 import threading
 from contextlib import contextmanager
 from types import FrameType
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import structlog
 
@@ -87,3 +87,15 @@ def raise_on_signals() -> None:
 
     for sig in SIGNALS:
         signal.signal(sig, handler)
+
+
+def started(stop_flag: StopFlag, steps: Callable[[], None], log: Any, event: str, **context: object) -> bool:
+    """Run a service's start-up `steps` (waiting for the broker, restoring) so that SIGTERM or
+    SIGINT cuts them short; False, logged as `event` with `context`, when one did."""
+    try:
+        with stop_flag.interruptible():
+            steps()
+    except Stopped:
+        log.info(event, **context)
+        return False
+    return True

@@ -52,7 +52,7 @@ from streamjoin.schemas.results import dead_letter_headers
 from streamjoin.schemas.splitjoin import (CoreMeta, ScaleMark, SplitJoinWireError, encode_core_release, mark_of,
                                           schedule_epochs)
 from streamjoin.services import faults, kafka, metrics
-from streamjoin.services.shutdown import Stopped, StopFlag
+from streamjoin.services.shutdown import Stopped, StopFlag, started
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.main import exit_if_fenced, stream_templates
 from streamjoin.services.worker.output import Deliveries, flush
@@ -112,17 +112,8 @@ class CoreService:
     def run(self) -> None:
         """Serve until SIGTERM/SIGINT (services/shutdown.py) or retirement, then stop cleanly."""
         self.stop_flag.install()
-        server = metrics.serve(self.metrics_port, self.health)
-        self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
-        try:
-            with self.stop_flag.interruptible():
-                kafka.wait_for_broker(self.cluster, log)
-                topics.ensure(self.cluster.admin(), self.job)
-                self.spec = self._spec()
-                self._init_transactions()
-                self._restore()
-        except Stopped:
-            log.info("core stopped before it started", core=self.position)
+        self.metrics_url = metrics.serve_url(self.metrics_port, self.health)
+        if not started(self.stop_flag, self._start_up, log, "core stopped before it started", core=self.position):
             return
         self.health.ready, self.health.detail = True, "running"
         log.info("core started", core=self.position, worker=self.id, metrics=self.metrics_url)
@@ -136,6 +127,13 @@ class CoreService:
             self.control_out.flush(5)
         log.info("core stopped", core=self.position)
 
+    def _start_up(self) -> None:
+        kafka.wait_for_broker(self.cluster, log)
+        topics.ensure(self.cluster.admin(), self.job)
+        self.spec = self._spec()
+        kafka.init_transactions(self.producer, log, core=self.position)
+        self._restore()
+
     def _spec(self) -> state.CoreSpec:
         """The core's query and its source partitions per stream, from the topics' metadata."""
         metadata = self.cluster.admin().list_topics(timeout=30).topics
@@ -143,18 +141,6 @@ class CoreService:
         return state.CoreSpec(ring_plan(self.job), self.position, partitions, self.job.join.allowed_lateness_ms,
                               tuple(stream_templates(self.job)), tuple(ring_templates(self.job)),
                               self.job.splitjoin.punctuate_every)
-
-    def _init_transactions(self) -> None:
-        """Fence the previous incarnation (its open transaction is aborted) before reading anything."""
-        while True:
-            try:
-                self.producer.init_transactions(30)
-                return
-            except KafkaException as e:
-                if not e.args[0].retriable():
-                    raise
-                log.warning("init_transactions failed; retrying", core=self.position, error=str(e))
-                time.sleep(1.0)
 
     def _loop(self) -> None:
         last_release, last_beat = time.monotonic(), 0.0  # the first release takes a batch's worth of reading

@@ -65,7 +65,7 @@ from streamjoin.schemas.results import RoundRelease
 from streamjoin.schemas.result_codec import decode_results, result_columns, result_layout
 from streamjoin.schemas.splitjoin import CoreMeta, Headers, SplitJoinWireError, decode_core_release
 from streamjoin.services import faults, kafka, metrics
-from streamjoin.services.shutdown import Stopped, StopFlag
+from streamjoin.services.shutdown import StopFlag, started
 from streamjoin.services.worker.output import Deliveries, ResultWriter, flush
 from streamjoin.services.worker.ring import ring_plan
 from streamjoin.settings import JobSettings
@@ -386,16 +386,8 @@ class Merger:
     def run(self) -> None:
         """Serve until SIGTERM/SIGINT, then stop cleanly (between two transactions)."""
         self.stop_flag.install()
-        server = metrics.serve(self.metrics_port, self.health)
-        self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
-        try:
-            with self.stop_flag.interruptible():
-                kafka.wait_for_broker(self.cluster, log)
-                topics.ensure(self.cluster.admin(), self.job)
-                self._init_transactions()
-                self._restore()
-        except Stopped:
-            log.info("merger stopped before it started")
+        self.metrics_url = metrics.serve_url(self.metrics_port, self.health)
+        if not started(self.stop_flag, self._start_up, log, "merger stopped before it started"):
             return
         self.health.ready, self.health.detail = True, "running"
         log.info("merger started", metrics=self.metrics_url, cores=self.job.splitjoin.max_cores,
@@ -409,20 +401,14 @@ class Merger:
         self.control_out.flush(10)
         log.info("merger stopped", released=self.intake.merge.released_below)
 
+    def _start_up(self) -> None:
+        kafka.wait_for_broker(self.cluster, log)
+        topics.ensure(self.cluster.admin(), self.job)
+        kafka.init_transactions(self.producer, log)
+        self._restore()
+
     def stop(self) -> None:
         self.stop_flag.request()
-
-    def _init_transactions(self) -> None:
-        """Fence the previous incarnation (its open transaction is aborted) before reading anything."""
-        while True:
-            try:
-                self.producer.init_transactions(30)
-                return
-            except KafkaException as e:
-                if not e.args[0].retriable():
-                    raise
-                log.warning("init_transactions failed; retrying", error=str(e))
-                time.sleep(1.0)
 
     def _loop(self) -> None:
         last_beat = 0.0

@@ -54,7 +54,7 @@ from streamjoin.schemas.control import RING_FENCED_EXIT
 from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.results import RoundRelease, dead_letter_headers
 from streamjoin.services import kafka, metrics
-from streamjoin.services.shutdown import Stopped, StopFlag
+from streamjoin.services.shutdown import StopFlag, started
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.processor import late_records
 from streamjoin.services.worker.output import Deliveries, ResultWriter, flush
@@ -107,15 +107,8 @@ class RingWorker:
     def run(self) -> None:
         """Serve until SIGTERM/SIGINT (services/shutdown.py), then stop cleanly."""
         self.stop_flag.install()
-        server = metrics.serve(self.metrics_port, self.health)
-        self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
-        try:
-            with self.stop_flag.interruptible():
-                kafka.wait_for_broker(self.cluster, log)
-                ensure_hop_topic(self.job, self.cluster, self.id)
-                self._announce()
-        except Stopped:
-            log.info("ring worker stopped before it started", worker=self.id)
+        self.metrics_url = metrics.serve_url(self.metrics_port, self.health)
+        if not started(self.stop_flag, self._start_up, log, "ring worker stopped before it started", worker=self.id):
             return
         self.hop_in.assign([TopicPartition(self.job.hop_topic(self.id), 0, OFFSET_BEGINNING)])
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_BEGINNING)])
@@ -141,6 +134,11 @@ class RingWorker:
         self.control_in.close()
         self._guarded(flush, self.out, self.deliveries)
         log.info("ring worker stopped", worker=self.id)
+
+    def _start_up(self) -> None:
+        kafka.wait_for_broker(self.cluster, log)
+        ensure_hop_topic(self.job, self.cluster, self.id)
+        self._announce()
 
     def stop(self) -> None:
         self.stop_flag.request()
