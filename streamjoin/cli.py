@@ -537,7 +537,8 @@ def schema_results(job: JobOpt = None) -> None:
 def bench(
     workload: Annotated[str, typer.Argument(
         help="equijoin | band | psp | adapt (groups that move: migration, failover, skew, rate ramp) | "
-             "spill (seed 003's spill policies and disk/distributed adaptation, in-process, no broker)")],
+             "spill (seed 003's spill policies and disk/distributed adaptation, in-process, no broker) | "
+             "splitjoin (seed 001: k cores and the merger against the PSP ring, order and precision)")],
     quick: Annotated[bool, typer.Option("--quick", help="small enough for CI (a minute or two)")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write the curve PNG here")] = None,

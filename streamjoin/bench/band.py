@@ -54,7 +54,7 @@ import urllib.request
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -143,14 +143,16 @@ QUICK = Plan(runs=((_QTIME, 1), (_QTIME, 2), (_QCOUNT, 1)), round_cap=4_000, blo
 @dataclass
 class Backlog:
     """A generated input: per stream its columns (in global order within the stream),
-    the offsets the engine sees, and the encoded Kafka records."""
+    the encoded Kafka records (the sentinel last), and once written, the offsets the
+    engine sees and each tuple's arrival (its record's Kafka timestamp, ms)."""
 
     case: Case
     job: JobSettings  # the base job: windows, blocks format, one partition
     columns: list[dict[str, np.ndarray]]
     records: list[list[bytes]]
-    block_tuples: int
+    starts: list[np.ndarray]  # per stream, the first tuple of each record but the sentinel
     offsets: list[np.ndarray] = dataclasses.field(default_factory=list)
+    arrivals: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     @property
     def tuples(self) -> int:
@@ -189,20 +191,36 @@ def base_job(case: Case, round_cap: int) -> JobSettings:
     })
 
 
-def make_backlog(case: Case, plan: Plan) -> Backlog:
+def make_backlog(case: Case, plan: Plan, tick_from_ms: int | None = None, tick_ms: int = 100) -> Backlog:
     """NumPy-generated tuples (services/workloads.py, band kind) cut into Arrow IPC block
-    records, and after them one sentinel record per stream (see `sentinel`)."""
+    records of `plan.block_tuples`, and after them one sentinel record per stream (see
+    `sentinel`). From event time `tick_from_ms` on (if given) a record holds one `tick_ms`
+    of event time instead: a tail meant to be written as it happens (bench splitjoin)."""
     job = base_job(case, plan.round_cap)
-    columns, records = [], []
+    columns, records, starts = [], [], []
     for i, spec in enumerate(job.streams):
         rng = np.random.default_rng([job.workload.seed, i])
         cols = workloads.generate(job, i, rng, T0_MS, T0_MS + case.span_ms, case.rate)
-        n = len(cols[spec.time_field])
+        cuts = record_starts(cols[spec.time_field], plan.block_tuples, tick_from_ms, tick_ms)
+        bounds = np.append(cuts, len(cols[spec.time_field])).tolist()
         columns.append(cols)
-        records.append([encode_block(Block({f: cols[f][a:a + plan.block_tuples] for f in spec.fields}))
-                        for a in range(0, n, plan.block_tuples)])
+        starts.append(cuts)
+        records.append([encode_block(Block({f: cols[f][a:b] for f in spec.fields}))
+                        for a, b in zip(bounds, bounds[1:])])
         records[-1].append(encode_block(sentinel(job, i, cols, T0_MS + case.span_ms)))
-    return Backlog(case, job, columns, records, plan.block_tuples)
+    return Backlog(case, job, columns, records, starts)
+
+
+def record_starts(ts: np.ndarray, block_tuples: int, tick_from_ms: int | None, tick_ms: int) -> np.ndarray:
+    """First tuple of each record of one stream (`ts` ascending): every `block_tuples` tuples
+    before `tick_from_ms`, every `tick_ms` of event time from it on (empty ticks get no record)."""
+    n = len(ts)
+    tail = n if tick_from_ms is None else int(np.searchsorted(ts, tick_from_ms, "left"))
+    blocks = np.arange(0, tail, block_tuples)
+    if tail == n:
+        return blocks
+    ticks = np.searchsorted(ts, np.arange(tick_from_ms, int(ts[-1]) + 1, tick_ms), "left")
+    return np.unique(np.concatenate([blocks, ticks[ticks < n]]))
 
 
 def sentinel(job: JobSettings, i: int, cols: dict[str, np.ndarray], end_ms: int) -> Block:
@@ -220,32 +238,53 @@ def sentinel(job: JobSettings, i: int, cols: dict[str, np.ndarray], end_ms: int)
 
 
 def produce_backlog(cluster: kafka.Cluster, job: JobSettings, backlog: Backlog) -> None:
-    """Write every record to partition 0 of its stream's topic; the offsets the brokers
-    gave them make the tuples' offsets ((record offset << BLOCK_SHIFT) | index)."""
-    producer = cluster.producer()
-    offsets: list[list[int]] = [[-1] * len(r) for r in backlog.records]  # the last one: the sentinel
-    errors: list[str] = []
+    """Write every record to partition 0 of its stream's topic, at once (see BacklogWriter)."""
+    writer = BacklogWriter(cluster, job, backlog)
+    for i, recs in enumerate(backlog.records):
+        for k in range(len(recs)):
+            writer.write(i, k)
+    writer.finish()
 
-    def delivered(i: int, k: int):  # type: ignore[no-untyped-def]
+
+class BacklogWriter:
+    """Writes a backlog's records to partition 0 of their stream's topic, each stream's in
+    order, at whatever pace the caller writes them; `finish` sets the backlog's tuple offsets
+    ((record offset << BLOCK_SHIFT) | index) and arrivals from what the broker acknowledged."""
+
+    def __init__(self, cluster: kafka.Cluster, job: JobSettings, backlog: Backlog) -> None:
+        """job: names the topics (the backlog's own job or a renamed copy of it)."""
+        self.job, self.backlog = job, backlog
+        self.producer = cluster.producer()
+        self.acked = [np.full((len(r), 2), -1, np.int64) for r in backlog.records]  # (offset, timestamp) per record
+        self.errors: list[str] = []
+
+    def write(self, i: int, k: int) -> None:
+        """Produce record k of stream i (handed to librdkafka, which sends it within its linger)."""
+        topic = self.job.topic_of(self.job.streams[i])
+        self.producer.produce(topic, value=self.backlog.records[i][k], partition=0, on_delivery=self._delivered(i, k))
+        self.producer.poll(0)
+
+    def _delivered(self, i: int, k: int):  # type: ignore[no-untyped-def]
         def cb(err, msg) -> None:  # type: ignore[no-untyped-def]
             if err is not None:
-                errors.append(str(err))
+                self.errors.append(str(err))
             else:
-                offsets[i][k] = msg.offset()
+                self.acked[i][k] = (msg.offset(), msg.timestamp()[1])
         return cb
 
-    for i, spec in enumerate(job.streams):
-        for k, value in enumerate(backlog.records[i]):
-            producer.produce(job.topic_of(spec), value=value, partition=0, on_delivery=delivered(i, k))
-            producer.poll(0)
-    # Tuple offsets from the data records; the sentinel (last) carries none of the backlog's tuples.
-    if producer.flush(120) or errors:
-        raise RuntimeError(f"backlog not written: {errors[:3] or 'flush timed out'}")
-    backlog.offsets = []
-    for i, cols in enumerate(backlog.columns):
-        pos = np.arange(len(cols[job.streams[i].time_field]), dtype=np.int64)
-        record = np.asarray(offsets[i], np.int64)[pos // backlog.block_tuples]
-        backlog.offsets.append((record << BLOCK_SHIFT) + pos % backlog.block_tuples)
+    def finish(self, timeout_s: float = 120.0) -> None:
+        """Wait for every acknowledgement; then each tuple's offset and arrival come from its
+        record's (the sentinel, last, carries none of the backlog's tuples)."""
+        if self.producer.flush(timeout_s) or self.errors:
+            raise RuntimeError(f"backlog not written: {self.errors[:3] or 'flush timed out'}")
+        backlog = self.backlog
+        backlog.offsets, backlog.arrivals = [], []
+        for i, cols in enumerate(backlog.columns):
+            pos = np.arange(len(cols[self.job.streams[i].time_field]), dtype=np.int64)
+            record = np.searchsorted(backlog.starts[i], pos, "right") - 1
+            offset, arrival = self.acked[i][record].T
+            backlog.offsets.append((offset << BLOCK_SHIFT) + pos - backlog.starts[i][record])
+            backlog.arrivals.append(arrival)
 
 
 # ---------------------------------------------------------------- one ring run
@@ -256,27 +295,28 @@ def ring_job(backlog: Backlog, env: BenchEnv, nodes: int) -> JobSettings:
     return job.model_copy(update={"ring": job.ring.model_copy(update={"nodes": nodes, "max_nodes": nodes})})
 
 
-def tuples_in(port: int) -> float:
-    """The head's streamjoin_tuples_in_total, summed over streams: tuples released into the ring."""
+def metric_total(port: int, family: str = TUPLES_IN) -> float:
+    """One process's metric `family` summed over its labels (a counter's _total, a gauge's value);
+    by default the ring head's streamjoin_tuples_in_total: tuples released into the ring."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) if f.name == TUPLES_IN
-               for s in f.samples if s.name.endswith("_total"))
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == family
+               for s in f.samples if s.name in (family, f"{family}_total"))
 
 
-def sample_progress(fleet: Fleet, head: str, total: int, budget_s: float, every_s: float = 0.5
-                    ) -> list[tuple[float, float]]:
-    """(epoch s, tuples released) every `every_s` from the processes' start until all `total`
-    are released or the budget is spent (0 while the head's /metrics is not up yet)."""
+def sample_progress(fleet: Fleet, progress: Callable[[], float], done_when: Callable[[float], bool], budget_s: float,
+                    every_s: float = 0.5) -> list[tuple[float, float]]:
+    """(epoch s, `progress()`: tuples done) every `every_s` from the processes' start until
+    `done_when(tuples done)` or the budget is spent (0 while a /metrics is not up yet)."""
     samples: list[tuple[float, float]] = []
     deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
         fleet.assert_running()
         try:
-            done = tuples_in(fleet.metrics_ports[head])
+            done = progress()
         except OSError:
             done = 0.0
         samples.append((time.time(), done))
-        if done >= total:
+        if done_when(done):
             break
         time.sleep(every_s)
     return samples
@@ -310,7 +350,9 @@ def run_ring(env: BenchEnv, backlog: Backlog, nodes: int, plan: Plan, consume: b
             fleet, ids = ours.start_fleet(here, job, nodes, wait=False)
             stack.callback(fleet.stop_all)
             began, load_before = time.time(), report.load_average()
-            samples = sample_progress(fleet, ids[0], backlog.tuples, plan.budget_s, plan.sample_s)
+            port = fleet.metrics_ports[ids[0]]
+            samples = sample_progress(fleet, lambda: metric_total(port), lambda done: done >= backlog.tuples,
+                                      plan.budget_s, plan.sample_s)
             finished = samples[-1][1] >= backlog.tuples
             if finished:
                 wait_ring_quiet(job, here.bootstrap, fleet, timeout=max(120.0, plan.budget_s / 4))
@@ -335,28 +377,36 @@ def run_ring(env: BenchEnv, backlog: Backlog, nodes: int, plan: Plan, consume: b
         "wall_seconds": round(samples[-1][0] - began, 1), "restarts": restarts, "dead_letters": dead,
         "load_average_before_after": [load_before, load_after],
         "exact": exact, "check": {k: v for k, v in check.items() if k != "last_produced_s"},
-        "progress": _thin(samples, began),
+        "progress": thin(samples, began),
     }
     return {"run": out, "kafka_consume": peer}
 
 
 def full_window_rate(samples: list[tuple[float, float]], full_at: int, last_produced_s: float | None) -> float | None:
     """Tuples/s from when the window filled to the end: the last result produced if the backlog
-    was finished, else the last sample. The filling instant is interpolated between the two
-    samples around it (a round can carry the count past it between samples)."""
-    after = next((k for k, s in enumerate(samples) if s[1] >= full_at), None)
-    if after is None:
+    was finished, else the last sample."""
+    t_full = crossing(samples, full_at)
+    if t_full is None:
         return None
-    t1, d1 = samples[after]
-    t0, d0 = samples[after - 1] if after else (t1, d1)
-    t_full = t1 if d1 == d0 else t0 + (full_at - d0) / (d1 - d0) * (t1 - t0)
     end_t, end_done = samples[-1]
     if last_produced_s is not None:
         end_t = max(end_t, last_produced_s)
     return (end_done - full_at) / (end_t - t_full) if end_t > t_full and end_done > full_at else None
 
 
-def _thin(samples: list[tuple[float, float]], began: float, keep: int = 200) -> list[list[float]]:
+def crossing(samples: list[tuple[float, float]], count: float) -> float | None:
+    """When the progress samples (time, tuples done) passed `count` (None if they never did),
+    interpolated between the two samples around it (a round can carry the count past it
+    between samples)."""
+    after = next((k for k, s in enumerate(samples) if s[1] >= count), None)
+    if after is None:
+        return None
+    t1, d1 = samples[after]
+    t0, d0 = samples[after - 1] if after else (t1, d1)
+    return t1 if d1 == d0 else t0 + (count - d0) / (d1 - d0) * (t1 - t0)
+
+
+def thin(samples: list[tuple[float, float]], began: float, keep: int = 200) -> list[list[float]]:
     """At most `keep` progress samples (seconds since start, tuples released), for the report and plot."""
     step = max(1, len(samples) // keep)
     picked = samples[::step] + ([samples[-1]] if len(samples) % step != 1 else [])
@@ -380,10 +430,16 @@ def check_tail(cluster: kafka.Cluster, job: JobSettings, backlog: Backlog, k: in
     results = results_since(cluster, job, cut)
     produced = results["produced_ms"]
     recent = results["event_time"] >= cut
-    expected = expected_pairs(backlog, cut)
-    observed = np.stack([_index_of(backlog.offsets[i], results[f"{s.name}.offset"][recent])
+    observed = np.stack([tuple_index(backlog.offsets[i], results[f"{s.name}.offset"][recent])
                          for i, s in enumerate(job.streams)], axis=1) if recent.any() else np.empty((0, 2), np.int64)
-    exp, obs = _keys(expected), _keys(observed)
+    return compare_tail(backlog, cut, observed) | {
+        "last_produced_s": float(produced.max()) / 1000 if len(produced) else None}
+
+
+def compare_tail(backlog: Backlog, cut: int, observed: np.ndarray) -> dict:
+    """`observed`: (r index, s index) of every result read whose event time is >= `cut`, against
+    the brute force's; missing, extra and duplicate results."""
+    exp, obs = pair_keys(expected_pairs(backlog, cut)), pair_keys(observed)
     unique = np.unique(obs)
     missing = int(len(np.setdiff1d(exp, unique)))
     extra = int(len(np.setdiff1d(unique, exp)))
@@ -392,17 +448,17 @@ def check_tail(cluster: kafka.Cluster, job: JobSettings, backlog: Backlog, k: in
     return {"exact": missing == extra == duplicates == 0, "checked_triggers": triggers, "from_event_time": cut,
             "expected": int(len(exp)), "results": int(len(obs)), "missing": missing, "extra": extra,
             "duplicates": duplicates, "how": "NumPy brute force: every trigger against every tuple of the other "
-            "stream before it in the global order and inside its window",
-            "last_produced_s": float(produced.max()) / 1000 if len(produced) else None}
+            "stream before it in the global order and inside its window"}
 
 
-def _index_of(offsets: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+def tuple_index(offsets: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """Positions of engine offsets in a stream's backlog (-1 for an offset that is not there)."""
     at = np.minimum(np.searchsorted(offsets, wanted), len(offsets) - 1)
     return np.where(offsets[at] == wanted, at, -1)
 
 
-def _keys(pairs: np.ndarray) -> np.ndarray:
+def pair_keys(pairs: np.ndarray) -> np.ndarray:
+    """(r index, s index) rows as one int64 each."""
     return pairs[:, 0].astype(np.int64) * (1 << 32) + pairs[:, 1].astype(np.int64)
 
 
