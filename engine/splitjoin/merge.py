@@ -75,16 +75,17 @@ class OrderedMerge:
         return NO_LIMIT if again is None else again
 
     def release(self) -> Block:
-        """The results below the frontier, in input order."""
+        """The results below the frontier, in input order. The frontier moves with punctuations
+        alone: a core's last punctuation often comes with no result."""
+        limit = self.frontier()
+        if limit != NO_LIMIT:
+            self.released_below = max(self.released_below, limit)
         if not self.buffered:
             return Block()
         block = concat(self.buffered)
         probing, partner = self.order_keys(block)
-        limit = self.frontier()
         ready = probing < limit
         self.buffered = [block.filter(~ready)] if not ready.all() else []
-        if limit != NO_LIMIT:
-            self.released_below = max(self.released_below, limit)
         if not self.ordered:
             return block
         at = np.flatnonzero(ready)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from streamjoin.engine.block import OFF, PART
+from streamjoin.engine.block import OFF, PART, Block
 from streamjoin.engine.psp.slices import G
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join, theta_order
 from streamjoin.engine.splitjoin.core import SplitCore, sequence_columns, splitjoin_plan
@@ -242,3 +242,16 @@ def test_a_scale_mark_switches_at_the_first_tuple_past_every_partition_before_it
         firsts.append(order.schedule.epochs[-1].first_g)
         assert firsts[-1] == first  # ts 20 (after its mark, yet earlier than 30) stays in the old epoch
     assert firsts[0] == firsts[1]
+
+
+def test_a_punctuation_without_results_moves_the_merger() -> None:
+    """A core's last punctuation (caught up) often carries no result: the frontier, and with it
+    what the merger says is complete, must move all the same."""
+    merge = OrderedMerge(Schedule.fixed(2), ("s0._g", "s1._g"))
+    result = Block({"s0._g": np.array([3]), "s1._g": np.array([7])})
+    merge.add(0, result, 16, False)
+    merge.add(1, Block(), 16, False)
+    assert len(merge.release()) == 1 and merge.released_below == 16
+    merge.add(0, Block(), 21, False)
+    merge.add(1, Block(), 21, False)
+    assert len(merge.release()) == 0 and merge.released_below == 21
