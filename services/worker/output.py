@@ -21,6 +21,7 @@ Recovery (recovery.py) relies on exactly that.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -89,9 +90,16 @@ def _flushed(producer: Producer) -> int:
         return producer.flush(30)
     except KafkaException:
         raise
-    except Exception as e:  # noqa: BLE001 - SystemError, or the KafkaError raised bare (both seen in CI)
-        raise KafkaException(KafkaError(KafkaError._FENCED, f"producer failed fatally in flush: {e!r}",
-                                        fatal=True)) from e
+    except Exception as e:  # noqa: BLE001 - the SystemError
+        raise _fenced_in_flush(e) from e
+    except BaseException:
+        raise  # a stop request (services/shutdown.Stopped), KeyboardInterrupt, SystemExit
+    except:  # noqa: E722 - the KafkaError raised bare is no BaseException: only a bare except matches it
+        raise _fenced_in_flush(sys.exc_info()[1]) from None
+
+
+def _fenced_in_flush(error: object) -> KafkaException:
+    return KafkaException(KafkaError(KafkaError._FENCED, f"producer failed fatally in flush: {error!r}", fatal=True))
 
 
 class ResultWriter:
