@@ -13,9 +13,29 @@ from streamjoin.launcher import Fleet, write_job
 from streamjoin.schemas.result_codec import decode_results, result_layout
 from streamjoin.schemas.results import RoundRelease
 from streamjoin.services import kafka
-from streamjoin.settings import JobSettings
+from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
 from tests.integration.kafka_harness import commits
+
+
+def band_job(bootstrap: str, tmp_path: Path, window_ms: int, within: tuple[float, float], cores: int,
+             max_cores: int, **over: object) -> JobSettings:
+    """Seed 001's band join in splitjoin mode, two partitions per stream, with bands `within`
+    (r.x to s.a, r.y to s.b) wide enough for a few thousand results; `over` replaces sections."""
+    window = {"range_ms": window_ms}
+    settings: dict[str, object] = {
+        "job": "band", "bootstrap": bootstrap, "partitions": 2,
+        "streams": [{"name": "r", "fields": {"x": "int", "y": "float", "z": "str", "ts": "int"},
+                     "time_field": "ts", "window": window},
+                    {"name": "s", "fields": {"a": "int", "b": "float", "c": "float", "d": "bool", "ts": "int"},
+                     "time_field": "ts", "window": window}],
+        "join": {"mode": "splitjoin", "allowed_lateness_ms": 200,
+                 "predicate": [{"left": "r.x", "right": "s.a", "within": within[0]},
+                               {"left": "r.y", "right": "s.b", "within": within[1]}]},
+        "splitjoin": {"cores": cores, "max_cores": max_cores, "batch_ms": 50, "punctuate_every": 1},
+        "worker": {"state_dir": str(tmp_path / "state"), "heartbeat_ms": 500},
+    }
+    return load(None, **(settings | over))
 
 
 def splitjoin_fleet(job: JobSettings, bootstrap: str, tmp_path: Path, cores: int) -> Fleet:

@@ -13,32 +13,13 @@ import requests
 
 from streamjoin.launcher import Fleet
 from streamjoin.services import broker as embedded
-from streamjoin.settings import JobSettings, load
 from tests.integration.kafka_harness import assert_spark_verified
 from tests.integration.ring_harness import band_rows, check_ring, produce_rows
-from tests.integration.splitjoin_harness import result_order, splitjoin_cli, splitjoin_fleet, wait_released
+from tests.integration.splitjoin_harness import band_job, result_order, splitjoin_cli, splitjoin_fleet, wait_released
 
 pytestmark = pytest.mark.integration
 
 T0, SPAN_MS, WINDOW_MS = 1_000, 30_000, 5_000
-
-
-def band_job(bootstrap: str, tmp_path: Path, **over: object) -> JobSettings:
-    """The seed-001 band join with bands wide enough for a few thousand results in 30 s of event time."""
-    window = {"range_ms": WINDOW_MS}
-    settings: dict[str, object] = {
-        "partitions": 2,
-        "streams": [{"name": "r", "fields": {"x": "int", "y": "float", "z": "str", "ts": "int"},
-                     "time_field": "ts", "window": window},
-                    {"name": "s", "fields": {"a": "int", "b": "float", "c": "float", "d": "bool", "ts": "int"},
-                     "time_field": "ts", "window": window}],
-        "join": {"mode": "splitjoin", "allowed_lateness_ms": 200,
-                 "predicate": [{"left": "r.x", "right": "s.a", "within": 500},
-                               {"left": "r.y", "right": "s.b", "within": 2000}]},
-        "splitjoin": {"cores": 3, "max_cores": 4, "batch_ms": 50, "punctuate_every": 1},
-        "worker": {"state_dir": str(tmp_path / "state"), "heartbeat_ms": 500},
-    }
-    return load(Path("streamjoin/jobs/band.yaml"), bootstrap=bootstrap, **(settings | over))
 
 
 def wait_exited(fleet: Fleet, name: str, timeout: float = 120.0) -> None:
@@ -74,7 +55,7 @@ def wait_metric(fleet: Fleet, name: str, series: str, at_least: float, timeout: 
 @pytest.mark.spark
 def test_three_cores_exact_and_ordered_through_a_crash_and_scaling(broker: embedded.EmbeddedBroker,
                                                                    tmp_path: Path) -> None:
-    job = band_job(broker.bootstrap, tmp_path)
+    job = band_job(broker.bootstrap, tmp_path, WINDOW_MS, (500, 2000), cores=3, max_cores=4)
     rows = band_rows(job, 1500, seed=12, t0=T0, span_ms=SPAN_MS)
     fleet = splitjoin_fleet(job, broker.bootstrap, tmp_path, cores=3)
     try:

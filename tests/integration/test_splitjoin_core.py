@@ -26,9 +26,10 @@ from streamjoin.schemas.splitjoin import decode_core_release
 from streamjoin.services import broker as embedded
 from streamjoin.services import faults, kafka
 from streamjoin.services.broker import free_port
-from streamjoin.settings import JobSettings, load
+from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 from tests.integration.ring_harness import band_rows, produce_rows, ring_expected
+from tests.integration.splitjoin_harness import band_job
 
 pytestmark = pytest.mark.integration
 
@@ -36,20 +37,7 @@ T0, SPAN_MS, WINDOW_MS, ROWS = 1_000, 20_000, 4_000, 900
 
 
 def core_job(bootstrap: str, tmp_path: Path, **over: object) -> JobSettings:
-    window = {"range_ms": WINDOW_MS}
-    settings: dict[str, object] = {
-        "job": "sjcore", "bootstrap": bootstrap, "partitions": 2,
-        "streams": [{"name": "r", "fields": {"x": "int", "y": "float", "z": "str", "ts": "int"},
-                     "time_field": "ts", "window": window},
-                    {"name": "s", "fields": {"a": "int", "b": "float", "c": "float", "d": "bool", "ts": "int"},
-                     "time_field": "ts", "window": window}],
-        "join": {"mode": "splitjoin", "allowed_lateness_ms": 200,
-                 "predicate": [{"left": "r.x", "right": "s.a", "within": 600},
-                               {"left": "r.y", "right": "s.b", "within": 2500}]},
-        "splitjoin": {"cores": 2, "max_cores": 2, "batch_ms": 50, "punctuate_every": 1},
-        "worker": {"state_dir": str(tmp_path / "state"), "heartbeat_ms": 500},
-    }
-    return load(None, **(settings | over))
+    return band_job(bootstrap, tmp_path, WINDOW_MS, (600, 2500), cores=2, max_cores=2, **({"job": "sjcore"} | over))
 
 
 class Cores:
