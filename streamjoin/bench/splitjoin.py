@@ -9,8 +9,11 @@ IPC block records, one partition per input topic, a sentinel after the end).
 Per window, one backlog serves every run: first the ring (bench band's ring
 run, `ring_nodes` nodes), then SplitJoin with k = 1, 2, 4 cores (and 8, 16, ...
 up to the machine's CPU count in the full run), each k with strict order
-(`punctuate_every` 1); on the time window also the precision knob at one k:
-punctuate_every 16, 256, 4096 and 0 (unordered), beside the k sweep's 1.
+(`punctuate_every` 1). The precision knob runs at one k on a time window of its
+own (`precision_case`): punctuate_every 1, 16, 256, 4096 and 0 (unordered). In
+the full run that window is 60 s, not 15 minutes: what the knob costs is
+punctuation and merging per released tuple, which the window's size does not
+change, and five more runs at the paper's window would double the bench's time.
 
 One SplitJoin run, on a broker of its own (Tansu keeps every record in memory):
 1. backlog: every record but the last `live_ms` of event time is written first;
@@ -51,8 +54,8 @@ only watermark wait inside the visiting latency.
 Ratios: SplitJoin over the ring on the same backlog (sustained tuples/s once the
 window is full), over SplitJoin's published 4,400 (time) and 5,200 (count)
 tuples/s on 28 cores, total and per core; the knob's runs over its punctuate-1
-run. The full run should take one to two hours here (an estimate, not run yet:
-12 SplitJoin runs and 2 rings, each filling a 15-minute or 2^21-tuple window);
+run. The full run takes about an hour here (6 SplitJoin runs and 2 rings, each
+filling a 15-minute or 2^21-tuple window, and the knob's 5 short runs);
 `--quick` runs 10 s / 10,000-tuple windows in about 3 minutes.
 """
 
@@ -94,8 +97,9 @@ class Plan:
     time: band.Case
     count: band.Case
     ks: tuple[int, ...]  # cores per run of the k sweep (strict order)
+    precision_case: band.Case  # the knob's backlog (a time window; `time` itself shares that backlog's runs)
     precision_k: int  # the knob's runs: cores
-    precisions: tuple[int, ...]  # punctuate_every values besides the sweep's 1 (0: unordered), time window
+    precisions: tuple[int, ...]  # punctuate_every values besides 1 (0: unordered)
     live_ms: int  # event time at each backlog's end written as it happens (visiting latency)
     tick_ms: int  # event time per live record
     batch_ms: int  # splitjoin.batch_ms
@@ -116,14 +120,17 @@ def _ks(quick: bool) -> tuple[int, ...]:
 _PRECISIONS = (16, 256, 4096, 0)
 _PRECISION_K = 2 if CPU_COUNT < 4 else 4
 # Full: the paper's windows and rates (band's FULL cases), with 30 s of live tail beyond band's measured stretch.
+# The knob's window is 60 s at the paper's rate, its measured stretch twice that.
 FULL = Plan(time=band.Case("time", 900_000, 2200.0, 150_000), count=band.Case("count", 1 << 21, 2600.0, 90_000),
-            ks=_ks(quick=False), precision_k=_PRECISION_K, precisions=_PRECISIONS, live_ms=30_000, tick_ms=50,
+            ks=_ks(quick=False), precision_case=band.Case("time", 60_000, 2200.0, 120_000),
+            precision_k=_PRECISION_K, precisions=_PRECISIONS, live_ms=30_000, tick_ms=50,
             batch_ms=50, ring_nodes=1,
             base=dataclasses.replace(band.FULL, runs=(), check_triggers=600, budget_s=1800.0, sample_s=1.0))
 # Quick: small windows, so the 12 runs fit in about 3 minutes; the measured stretch is ~75k tuples, a
 # fraction of a second at these windows, so the quick figures say little (the full run is the measurement).
-QUICK = Plan(time=band.Case("time", 10_000, 1000.0, 40_000), count=band.Case("count", 10_000, 1000.0, 40_000),
-             ks=_ks(quick=True), precision_k=2, precisions=_PRECISIONS, live_ms=2_000, tick_ms=50, batch_ms=50,
+_QUICK_TIME = band.Case("time", 10_000, 1000.0, 40_000)
+QUICK = Plan(time=_QUICK_TIME, count=band.Case("count", 10_000, 1000.0, 40_000), ks=_ks(quick=True),
+             precision_case=_QUICK_TIME, precision_k=2, precisions=_PRECISIONS, live_ms=2_000, tick_ms=50, batch_ms=50,
              ring_nodes=1,
              base=dataclasses.replace(band.QUICK, runs=(), check_triggers=2_000, budget_s=60.0, sample_s=0.1))
 
@@ -419,15 +426,13 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     plan = QUICK if quick else FULL
     runs: list[dict] = []
     rings: list[dict] = []
-    for case in (plan.time, plan.count):
+    for case, ring, settings in backlog_runs(plan):
         with env.phase(f"generating the {case.name} backlog ({case.span_ms / 1000:.0f}s of event time)"):
             backlog = band.make_backlog(case, plan.base, plan.live_from(case), plan.tick_ms)
-        rings.append(band.run_ring(env, backlog, plan.ring_nodes, plan.base, consume=False)["run"])
-        settings = [(k, 1) for k in plan.ks]
-        if case == plan.time:
-            settings += [(plan.precision_k, p) for p in plan.precisions]
-        for cores, every in settings:
-            runs.append(run_splitjoin(env, backlog, plan, cores, every))
+        if ring:
+            rings.append(band.run_ring(env, backlog, plan.ring_nodes, plan.base, consume=False)["run"])
+        for cores, every, role in settings:
+            runs.append(run_splitjoin(env, backlog, plan, cores, every) | {"role": role})
         del backlog  # the next one is as large
     peers = {"ring": band.summarise(rings), "splitjoin_published": band.splitjoin_published()}
     result = {
@@ -446,11 +451,27 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     return result
 
 
+def backlog_runs(plan: Plan) -> list[tuple[band.Case, bool, list[tuple[int, int, str]]]]:
+    """Per backlog: its case, whether the ring runs on it, and its SplitJoin runs as (cores,
+    punctuate_every, role); role "sweep" is the k sweep (strict order), "precision" the knob."""
+    knob = [(plan.precision_k, p, "precision") for p in (1, *plan.precisions)]
+    out = []
+    for case in (plan.time, plan.count):
+        settings = [(k, 1, "sweep") for k in plan.ks]
+        if case == plan.precision_case:  # the knob shares the sweep's strict-order run
+            settings += [setting for setting in knob if setting[1] != 1]
+        out.append((case, True, settings))
+    if plan.precision_case not in (plan.time, plan.count):
+        out.append((plan.precision_case, False, knob))
+    return out
+
+
 def parameters(plan: Plan, quick: bool) -> dict:
     return band.parameters(plan.base, quick) | {
         "runs": [{"window": c.kind, "window_size": c.size, "rate_per_stream": c.rate, "event_time_s": c.span_ms / 1000,
                   "live_tail_s": plan.live_ms / 1000} for c in (plan.time, plan.count)],
         "cores": list(plan.ks), "precision_cores": plan.precision_k, "precisions": [1, *plan.precisions],
+        "precision_window_ms": plan.precision_case.size, "precision_rate_per_stream": plan.precision_case.rate,
         "ring_nodes": plan.ring_nodes, "batch_ms": plan.batch_ms, "live_tick_ms": plan.tick_ms,
         "splitjoin_allowed_lateness_ms": 0, "machine_cpu_count": CPU_COUNT,
         "sustainable_rule": "R per stream is sustainable when SplitJoin (or the ring) processes at least 2R "
@@ -468,15 +489,22 @@ def summarise(runs: list[dict], plan: Plan) -> dict:
     and per window the best rate."""
     out: dict = {"runs": runs}
     for kind in ("time", "count"):
-        sweep = [r for r in runs if r["window"] == kind and r["punctuate_every"] == 1]
+        sweep = [r for r in runs if r["window"] == kind and r["role"] == "sweep"]
         out[f"{kind}_vs_cores"] = [_figures(r) for r in sweep]
         measured = [r for r in sweep if r["tuples_per_s"] is not None]
         if measured:
             best = max(measured, key=lambda r: r["tuples_per_s"])
             out[f"{kind}_window"] = {"tuples_per_s": best["tuples_per_s"], "cores": best["cores"],
                                      "per_core_tuples_per_s": best["tuples_per_s"] / band.MACHINE_CORES}
-    out["precision"] = [_figures(r) for r in runs if r["window"] == "time" and r["cores"] == plan.precision_k]
+    out["precision"] = [_figures(r) for r in knob_runs(runs, plan)]
     return out
+
+
+def knob_runs(runs: list[dict], plan: Plan) -> list[dict]:
+    """The precision knob's runs, punctuate_every 1 first (on a shared backlog, the sweep's run at its k)."""
+    size = plan.precision_case.size
+    return [r for r in runs if r["window"] == "time" and r["window_size"] == size and r["cores"] == plan.precision_k
+            and (r["role"] == "precision" or r["punctuate_every"] == 1)]
 
 
 def _figures(run: dict) -> dict:
@@ -496,7 +524,9 @@ def ratios(runs: list[dict], rings: list[dict], plan: Plan) -> dict:
     out = {}
     for r in runs:
         key, rate = run_key(r), r["tuples_per_s"]
-        ring = next(x for x in rings if x["window"] == r["window"])
+        ring = next((x for x in rings if x["window"] == r["window"] and x["window_size"] == r["window_size"]), None)
+        if ring is None:  # the knob's own backlog: neither the ring's nor the paper's window
+            continue
         out[f"{key}_vs_ring"] = report.ratio(rate, ring["tuples_per_s"], f"sustained tuples/s, full window, same "
                                              f"backlog: SplitJoin vs our PSP ring of {ring['nodes']} node(s)",
                                              "tuples/s")
@@ -506,10 +536,10 @@ def ratios(runs: list[dict], rings: list[dict], plan: Plan) -> dict:
             None if rate is None else rate / band.MACHINE_CORES, paper[r["window"]]["per_core_tuples_per_s"],
             f"per core: ours over {band.MACHINE_CORES} cores, SplitJoin over {band.SPLITJOIN_CORES} join cores",
             "tuples/s/core")
-    strict = next((r for r in runs if r["window"] == "time" and r["cores"] == plan.precision_k
-                   and r["punctuate_every"] == 1), None)
-    for r in runs:
-        if strict is None or r["window"] != "time" or r["cores"] != plan.precision_k or r["punctuate_every"] == 1:
+    knob = knob_runs(runs, plan)
+    strict = next((r for r in knob if r["punctuate_every"] == 1), None)
+    for r in knob:
+        if strict is None or r is strict:
             continue
         key = run_key(r)
         out[f"{key}_vs_p1"] = report.ratio(r["tuples_per_s"], strict["tuples_per_s"],
@@ -521,7 +551,8 @@ def ratios(runs: list[dict], rings: list[dict], plan: Plan) -> dict:
 
 
 def run_key(run: dict) -> str:
-    """A run's name in `ratios`: window, cores, punctuation (e.g. time_k2_p1)."""
+    """A run's name in `ratios`: window, cores, punctuation (e.g. time_k2_p1). Unique among the
+    keys: the knob's own backlog has no ring or paper ratio, and only its other runs have `_vs_p1`."""
     return f"{run['window']}_k{run['cores']}_p{run['punctuate_every']}"
 
 
@@ -571,7 +602,9 @@ def plot(result: dict, path: Path) -> None:
     x = np.arange(len(knob))
     ax_p.bar(x, [f["tuples_per_s"] or 0 for f in knob], color="C2", alpha=0.6, label="tuples/s")
     ax_p.set_xticks(x, labels)
-    ax_p.set_xlabel(f"punctuate_every ({result['parameters']['precision_cores']} cores, time window)")
+    params = result["parameters"]
+    ax_p.set_xlabel(f"punctuate_every ({params['precision_cores']} cores, "
+                    f"{params['precision_window_ms'] / 1000:g} s time window)")
     ax_p.set_ylabel("sustained tuples/s")
     ax_r = ax_p.twinx()
     ax_r.plot(x, [f["visiting_p50_ms"] for f in knob], "o-", color="C3", label="visiting p50 (ms)")

@@ -33,6 +33,8 @@ def test_bench_splitjoin_quick_reports_exact_ordered_runs_peers_and_ratios(tmp_p
     k = params["precision_cores"]
     expected = {(w, c, 1) for w in ("time", "count") for c in (1, 2, 4)} | {("time", k, p) for p in (16, 256, 4096, 0)}
     assert {(r["window"], r["cores"], r["punctuate_every"]) for r in runs} == expected and len(runs) == len(expected)
+    assert {(r["role"], r["punctuate_every"]) for r in runs if r["role"] != "sweep"} == {
+        ("precision", p) for p in (16, 256, 4096, 0)}  # quick: the knob's strict run is the sweep's
     for r in runs:
         assert r["exact"] is True and r["finished"] is True and r["dead_letters"] == 0 and r["restarts"] == 0
         check = r["check"]
