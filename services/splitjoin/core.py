@@ -41,13 +41,10 @@ import numpy as np
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
-from streamjoin.engine.block import OFF, PART, TS, Block, concat
-from streamjoin.engine.psp.plan import prefixed
-from streamjoin.engine.predicates import UDF_ERROR
+from streamjoin.engine.block import TS, Block, concat
 from streamjoin.engine.splitjoin.core import CoreOutput
 from streamjoin.engine.splitjoin.schedule import Schedule
 from streamjoin.schemas import control
-from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.results import dead_letter_headers
 from streamjoin.schemas.splitjoin import (CoreMeta, ScaleMark, SplitJoinWireError, encode_core_release, mark_of,
                                           schedule_epochs)
@@ -55,7 +52,7 @@ from streamjoin.services import faults, kafka, metrics
 from streamjoin.services.shutdown import Stopped, StopFlag, started
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.main import exit_if_fenced, stream_templates
-from streamjoin.services.worker.output import Deliveries, flush
+from streamjoin.services.worker.output import Deliveries, flush, udf_dead_letters
 from streamjoin.services.worker.processor import late_records
 from streamjoin.services.worker.ring import ring_plan, ring_templates
 from streamjoin.settings import JobSettings
@@ -402,16 +399,8 @@ class CoreService:
         the value is the member tuples the UDF was given, as an Arrow block."""
         seen: set[tuple[int, int, int]] = set()
         for trigger, rows, detail in out.failures.entries:
-            topic = self.job.topic_of(self.job.streams[trigger])
-            parts, offs = rows[prefixed(trigger, PART)], rows[prefixed(trigger, OFF)]
-            for k, (part, off) in enumerate(zip(parts.tolist(), offs.tolist())):
-                if (trigger, part, off) in seen:
-                    continue
-                seen.add((trigger, part, off))
-                self._produce(self.job.dead_letter_topic, encode_block(rows.take(np.array([k]))), None,
-                              part % self.job.partitions,
-                              dead_letter_headers(UDF_ERROR, detail, topic, part, off, -1, -1))
-                metrics.DEAD_LETTER.labels(UDF_ERROR).inc()
+            for value, partition, headers in udf_dead_letters(self.job, trigger, rows, detail, seen):
+                self._produce(self.job.dead_letter_topic, value, None, partition, headers)
 
     def _produce(self, topic: str, value: bytes | None, key: bytes | None, partition: int,
                  headers: list[tuple[str, bytes]] | None, on_delivery: Delivered | None = None) -> None:

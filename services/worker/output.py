@@ -32,8 +32,11 @@ import pyarrow as pa
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from streamjoin.engine.block import Block
+from streamjoin.engine.block import OFF, PART, Block
+from streamjoin.engine.predicates import UDF_ERROR
+from streamjoin.engine.psp.plan import prefixed
 from streamjoin.schemas import result_codec
+from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.columns import to_bytes_list
 from streamjoin.schemas.results import BatchCommit, dead_letter_headers
 from streamjoin.services import faults, metrics
@@ -347,6 +350,27 @@ class Emitter:
                 ("results_next", self.job.results_topic), ("commits_next", self.job.commits_topic),
                 ("dead_letter_next", self.job.dead_letter_topic)) if (topic, b.group) in newest}
             b.state.checkpoint = ck.model_copy(update=nxt)
+
+
+def udf_dead_letters(job: JobSettings, trigger: int, rows: Block, detail: str, seen: set[tuple[int, int, int]]
+                     ) -> list[tuple[bytes, int, list[tuple[str, bytes]]]]:
+    """The dead letters for a probe the UDF failed on (ring nodes and SplitJoin cores), as (value,
+    partition, headers), metered: one per trigger record not in `seen` (which it joins), its
+    value the member tuples the UDF was given, as an Arrow block.
+
+    job: the job; trigger: the probing stream's index; rows: the combined rows, one per failed
+    candidate, with the trigger's partition and offset columns; detail: the UDF's error."""
+    topic = job.topic_of(job.streams[trigger])
+    parts, offs = rows[prefixed(trigger, PART)], rows[prefixed(trigger, OFF)]
+    letters = []
+    for k, (part, off) in enumerate(zip(parts.tolist(), offs.tolist())):
+        if (trigger, part, off) in seen:
+            continue
+        seen.add((trigger, part, off))
+        letters.append((encode_block(rows.take(np.array([k]))), part % job.partitions,
+                        dead_letter_headers(UDF_ERROR, detail, topic, part, off, -1, -1)))
+        metrics.DEAD_LETTER.labels(UDF_ERROR).inc()
+    return letters
 
 
 @contextmanager

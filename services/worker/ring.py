@@ -40,24 +40,23 @@ import numpy as np
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
-from streamjoin.engine.block import OFF, PART, TS, Block
-from streamjoin.engine.predicates import UDF_ERROR, compile_terms
+from streamjoin.engine.block import PART, TS, Block
+from streamjoin.engine.predicates import compile_terms
 from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
 from streamjoin.engine.psp.messages import Build, End, Partial, Probe, RoundInfo
 from streamjoin.engine.psp.messages import Message as RingMessage
 from streamjoin.engine.psp.node import Outbox, RingNode
-from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column, prefixed
+from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column
 from streamjoin.engine.psp.slices import G, SSEQ
 from streamjoin.engine.watermark import InputClock
 from streamjoin.schemas import control, ring as wire
 from streamjoin.schemas.control import RING_FENCED_EXIT
-from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.results import RoundRelease, dead_letter_headers
 from streamjoin.services import kafka, metrics
 from streamjoin.services.shutdown import StopFlag, started
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.processor import late_records
-from streamjoin.services.worker.output import Deliveries, ResultWriter, flush
+from streamjoin.services.worker.output import Deliveries, ResultWriter, flush, udf_dead_letters
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
@@ -283,17 +282,9 @@ class RingWorker:
     def _udf_dead_letters(self, trigger: int, rows: Block, detail: str) -> None:
         """The trigger records whose probe the UDF failed on, once per record and node; the
         value is the member tuples the UDF was given, as an Arrow block."""
-        topic = self.job.topic_of(self.job.streams[trigger])
-        parts, offs = rows[prefixed(trigger, PART)], rows[prefixed(trigger, OFF)]
-        for k, (part, off) in enumerate(zip(parts.tolist(), offs.tolist())):
-            if (trigger, part, off) in self.dead_seen:
-                continue
-            self.dead_seen.add((trigger, part, off))
-            value = encode_block(rows.take(np.array([k])))
-            self.out.produce(self.job.dead_letter_topic, value=value, partition=part % self.job.partitions,
-                             headers=dead_letter_headers(UDF_ERROR, detail, topic, part, off, -1, -1),
+        for value, partition, headers in udf_dead_letters(self.job, trigger, rows, detail, self.dead_seen):
+            self.out.produce(self.job.dead_letter_topic, value=value, partition=partition, headers=headers,
                              on_delivery=self.deliveries.report)
-            metrics.DEAD_LETTER.labels(UDF_ERROR).inc()
 
     def _heartbeat(self) -> None:
         for j, s in enumerate(self.node.slices.streams):

@@ -272,3 +272,26 @@ def test_a_by_key_record_naming_an_impossible_origin_is_dead_lettered(partition:
     buf.add_forwarded(m, origin_of(m))  # type: ignore[arg-type]
     (sl,) = decode_by_group(j, 0, buf, routing_for(j, 1), {}).values()
     assert len(sl.block) == 0 and [(d.offset, d.reason, d.topic) for d in sl.dead] == [(9, "malformed", "p.r.by-key")]
+
+
+def test_a_failed_udf_probe_dead_letters_each_trigger_record_once() -> None:
+    """udf_dead_letters (ring nodes and SplitJoin cores): one letter per trigger record not seen
+    before, on the record's partition modulo the job's, with its place and the UDF's error."""
+    from streamjoin.engine.block import PART
+    from streamjoin.engine.predicates import UDF_ERROR
+    from streamjoin.engine.psp.plan import prefixed
+    from streamjoin.schemas.results import decode_headers
+    from streamjoin.services.worker.output import udf_dead_letters
+
+    two = job()
+    rows = Block({prefixed(1, PART): np.array([0, 0, 3], dtype=np.int64),
+                  prefixed(1, OFF): np.array([7, 7, 9], dtype=np.int64), "x": np.array([1, 2, 3], dtype=np.int64)})
+    seen = {(1, 3, 9)}  # already lettered (an earlier release of this node)
+    letters = udf_dead_letters(two, 1, rows, "boom", seen)
+    assert len(letters) == 1 and seen == {(1, 3, 9), (1, 0, 7)}
+    value, partition, headers = letters[0]
+    meta = decode_headers(headers)
+    assert partition == 0 and meta["sj-reason"] == UDF_ERROR and meta["sj-detail"] == "boom"
+    assert meta["sj-topic"] == two.topic_of(two.streams[1]) and (meta["sj-partition"], meta["sj-offset"]) == ("0", "7")
+    assert pa.ipc.open_stream(value).read_all().column("x").to_pylist() == [1]  # the first failed row's members
+    assert udf_dead_letters(two, 1, rows, "boom", seen) == []  # every record lettered now
