@@ -36,7 +36,9 @@ class Heartbeat(BaseModel):
     # and in deferred mode their generations); generations: spilled generations not cleaned up
     # yet; cleanup_backlog_bytes: their bytes; spilled_groups: groups with such generations
     # (lazy-disk never moves them); results_total: results produced since the worker started
-    # (the coordinator's output-rate signal); pushes: pushes since the worker started.
+    # (the coordinator's output-rate signal); pushes: pushes since the worker started;
+    # group_results: results each owned group produced since the worker took it (P_o: lazy-disk
+    # and active-disk move the productive groups).
     memory_bytes: int = 0
     memory_budget: int = 0
     spilled_bytes: int = 0
@@ -45,6 +47,7 @@ class Heartbeat(BaseModel):
     spilled_groups: list[int] = Field(default_factory=list)
     results_total: int = 0
     pushes: int = 0
+    group_results: dict[int, int] = Field(default_factory=dict)
 
 
 class RingLayout(BaseModel):

@@ -266,6 +266,10 @@ class WindowedStore:
         """Group -> spilled generations not cleaned up yet (deferred spill)."""
         return {g: len(s.checkpoint.generations) for g, s in self._hot.items() if s.checkpoint.generations}
 
+    def group_results(self, groups: set[int]) -> dict[int, int]:
+        """P_o of each of `groups` with statistics: results produced since this worker took it."""
+        return {g: self.activity[g].results for g in sorted(groups) if g in self.activity}
+
     def forget(self, group: int) -> None:
         self._hot.pop(group, None)
         self._sizes.pop(group, None)

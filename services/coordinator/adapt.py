@@ -16,8 +16,9 @@ Two papers, one decision per epoch:
 - Seed 003 section 6 (`disk_adaptation`), how balancing lives with the workers' spill. local:
   each worker spills on its own and the policy ignores spill (memory = all window state).
   lazy-disk: memory = window bytes in memory; no policy move takes a group with generations on
-  disk (restriction 2), and balancing does not start in an epoch in which its sender or
-  receiver pushed (restriction 1). active-disk: lazy-disk, and once memory needs no move, a
+  disk (restriction 2), balancing does not start in an epoch in which its sender or receiver
+  pushed (restriction 1), and it moves the sender's productive groups (smallest P_s / P_o)
+  first, so what spill later pushes on either side is the less productive state. active-disk: lazy-disk, and once memory needs no move, a
   worker whose output rate per group lags (Max_rate / Min_rate > `output_rate_theta`) is told
   to push its least productive groups, at most M_q - M_c bytes.
 
@@ -41,6 +42,7 @@ from typing import Literal
 
 from streamjoin.settings import CoordinatorSpec
 from streamjoin.settings.job import SpillSpec
+from streamjoin.state.spill import unproductivity
 
 Role = Literal["active", "standby"]
 LoadClass = Literal["supplier", "consumer", "neutral"]
@@ -67,7 +69,8 @@ class WorkerObservation:
     worker.memory_bytes; spilled_bytes: window bytes on disk only; spilled_groups: groups with
     generations on disk; results: results it produced during the epoch (None: fewer than two of
     its heartbeats in the epoch, or no spill report); pushed: it pushed state to disk during the
-    epoch."""
+    epoch; group_results: results each group produced since the worker took it (P_o; a group
+    absent has no statistics yet)."""
 
     worker: str
     alive: bool
@@ -80,6 +83,7 @@ class WorkerObservation:
     spilled_groups: frozenset[int] = frozenset()
     results: int | None = None
     pushed: bool = False
+    group_results: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def state_bytes(self) -> int:
@@ -406,12 +410,15 @@ def _plan_memory(plan: Plan, active: list[WorkerObservation], settings: Coordina
     kept = pinned(sender, settings)
     staying = (f" ({len(kept)} of its groups have generations on disk and stay: {SEED003_DISK}, restriction 2)"
                if kept else "")
-    chosen = half_the_gap(movable(sender, settings), (most - least) / 2)
+    candidates, target = movable(sender, settings), (most - least) / 2
+    chosen = (half_the_gap(candidates, target) if settings.disk_adaptation == "local"
+              else half_the_gap(candidates, target, productive_first(candidates, sender.group_results)))
     if not chosen:
         return _noted(plan, f"{ratio}, but every group of {sender.worker} that may move{staying} is at least the "
                             "gap it would close: moving one would not narrow it"), True
-    why = (f"{ratio}: move about (M_most - M_least) / 2 = {(most - least) / 2:.0f} bytes from {sender.worker} "
-           f"(fullest) to {receiver.worker} (emptiest){staying} ({SEED003_MEMORY})")
+    picked = "" if settings.disk_adaptation == "local" else ", its productive groups first (smallest P_s / P_o)"
+    why = (f"{ratio}: move about (M_most - M_least) / 2 = {target:.0f} bytes from {sender.worker} "
+           f"(fullest) to {receiver.worker} (emptiest){picked}{staying} ({SEED003_MEMORY})")
     moves = tuple(Move(g, sender.worker, receiver.worker, "memory", sender.group_bytes[g], why) for g in chosen)
     return replace(plan, moves=moves), False
 
@@ -421,17 +428,28 @@ def _noted(plan: Plan, note: str) -> Plan:
     return replace(plan, notes=plan.notes + (note,))
 
 
-def half_the_gap(group_bytes: Mapping[int, int], target: float) -> list[int]:
+def half_the_gap(group_bytes: Mapping[int, int], target: float, order: Sequence[int] | None = None) -> list[int]:
     """Groups whose bytes add up close to `target` (seed 003's half gap), at group granularity:
-    largest first, each taken when it brings the total closer to the target (its size is below
-    twice what is left). The total never exceeds twice the target, so the gap always narrows;
-    a group left out is at least twice what remains."""
+    in `order` (default: largest first), each taken when it brings the total closer to the
+    target (its size is below twice what is left). The total never exceeds twice the target,
+    so the gap always narrows; a group left out is at least twice what remains."""
+    if order is None:
+        order = sorted(group_bytes, key=lambda g: (-group_bytes[g], g))
     chosen, remaining = [], target
-    for group, size in sorted(group_bytes.items(), key=lambda gs: (-gs[1], gs[0])):
+    for group in order:
+        size = group_bytes[group]
         if 0 < size < 2 * remaining:
             chosen.append(group)
             remaining -= size
     return chosen
+
+
+def productive_first(group_bytes: Mapping[int, int], group_results: Mapping[int, int]) -> list[int]:
+    """The groups of `group_bytes` in seed 003 6's move order for lazy-disk and active-disk: the
+    productive first (smallest P_s / P_o, bytes per result; the larger group first among equals),
+    then the groups that produced nothing or have no statistics, largest first."""
+    return sorted(group_bytes, key=lambda g: (unproductivity(group_bytes[g], group_results.get(g, 0)),
+                                              -group_bytes[g], g))
 
 
 # ------------------------------------------------------------------ active-disk

@@ -58,6 +58,7 @@ def observe(placement: Mapping[int, str], beats: Sequence[Heartbeat], now_ms: in
             memory_budget=newest.memory_budget if newest else 0,
             spilled_bytes=newest.spilled_bytes if newest else 0,
             spilled_groups=frozenset(newest.spilled_groups) if newest else frozenset(),
+            group_results={g: n for g, n in newest.group_results.items() if g in held} if newest else {},
             # One heartbeat alone shows no growth: no rate rather than a rate of 0.
             results=grown([b.results_total for b in epoch]) if spill and len(epoch) >= 2 else None,
             pushed=grown([b.pushes for b in epoch]) > 0,

@@ -452,7 +452,7 @@ class Worker:
         return {"memory_bytes": self.store.hot_size, "memory_budget": self.job.worker.memory_bytes,
                 "spilled_bytes": spilled, "generations": sum(pending.values()), "cleanup_backlog_bytes": backlog,
                 "spilled_groups": sorted(pending), "results_total": self.results_total,
-                "pushes": self.store.pushes}
+                "pushes": self.store.pushes, "group_results": self.store.group_results(self.groups)}
 
     def _records_behind(self) -> int:
         """Records in the owned groups' input partitions past the consumer's position (not fetched yet)."""

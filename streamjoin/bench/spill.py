@@ -244,6 +244,7 @@ class SimWorker:
             worker=self.name, alive=True, role="active", group_bytes=self.store.group_bytes(self.groups),
             memory_bytes=self.store.hot_size, memory_budget=self.job.worker.memory_bytes,
             spilled_bytes=self.store.spilled_bytes(self.groups), spilled_groups=pending,
+            group_results=self.store.group_results(self.groups),
             results=self.epoch_results, pushed=self.epoch_pushed)
 
     def close(self) -> None:

@@ -360,6 +360,20 @@ def test_lazy_disk_balances_window_bytes_in_memory_local_all_state() -> None:
     assert "window bytes in memory" in plan(in_memory, COOLED).moves[0].why
 
 
+def test_lazy_disk_moves_the_productive_groups_first() -> None:
+    # half the gap is 400; largest first would move group 1 alone. P_s / P_o: 1: 400/4 = 100,
+    # 2: 300/30 = 10, 3: 200/40 = 5, 4: 100 with no results (infinitely unproductive).
+    full = {1: 400, 2: 300, 3: 200, 4: 100}
+    produced = {1: 4, 2: 30, 3: 40}
+    for mode in ("lazy-disk", "active-disk"):
+        workers = [replace(spilling("full", full), group_results=produced), spilling("empty", {9: 200})]
+        p = plan(workers, COOLED, disk_adaptation=mode)
+        # 3 (200 < 2 x 400), then 2 (300 < 2 x 200 left); then 100 over: nothing else is below 2 x -100
+        assert [m.group for m in p.moves] == [3, 2] and "productive groups first" in p.moves[0].why
+    local = [replace(spilling("full", full), group_results=produced), spilling("empty", {9: 200})]
+    assert [m.group for m in plan(local, COOLED, disk_adaptation="local").moves] == [1]
+
+
 def test_policy_moves_of_seed_000_spare_spilled_groups_too() -> None:
     supplier = spilling("a", {1: 10, 2: 20, 3: 30}, spilled=(1, 2), backlog=HOT)
     for seed in range(5):
@@ -606,11 +620,14 @@ def test_the_hash_workers_heartbeat_carries_its_backlog_and_group_bytes(tmp_path
     pending = RecordBuffer()
     pending.values, pending.offsets = [b"x" * 7], [0]  # one fetched record of 7 bytes
     w.pending = {0: pending}
+    w.store.observe(9, 1_000, inserted=5, results=12)  # P_o of an owned group; 4 has no statistics yet
+    w.store.observe(11, 1_000, inserted=5, results=99)  # not owned: not reported
     w._heartbeat()
     beat = control.decode_control(sent[-1])
     assert isinstance(beat, control.Heartbeat)
     assert beat.lag == 4 and beat.backlog_bytes == 7 + 3 * 50
     assert beat.group_bytes == {4: 0, 9: 0}  # owned, not read yet
+    assert beat.group_results == {9: 12}
     w.store.store.close()
 
 
@@ -643,12 +660,13 @@ def test_results_and_pushes_are_what_the_counters_grew_by_in_the_epoch() -> None
     assert grown([5]) == 0 and grown([]) == 0
     beats = [spill_beat("a", NOW - 30_000, 0, 0),  # before the epoch
              spill_beat("a", NOW - 9_000, 100, 2), spill_beat("a", NOW - 5_000, 20, 0),  # restarted
-             spill_beat("a", NOW - 1_000, 50, 1, memory_bytes=70, spilled_bytes=30, spilled_groups=[1]),
+             spill_beat("a", NOW - 1_000, 50, 1, memory_bytes=70, spilled_bytes=30, spilled_groups=[1],
+                        group_results={1: 44, 7: 3}),  # 7 is not a's in the placement: dropped
              spill_beat("b", NOW - 1_000, 500, 4)]
     obs = {o.worker: o for o in observe({1: "a", 2: "b"}, beats, NOW, DEFAULTS)}
     a, b = obs["a"], obs["b"]
     assert a.results == 50 and a.pushed and a.memory_bytes == 70 and a.memory_budget == 1000
-    assert a.spilled_bytes == 30 and a.spilled_groups == frozenset({1})
+    assert a.spilled_bytes == 30 and a.spilled_groups == frozenset({1}) and a.group_results == {1: 44}
     assert b.results is None and not b.pushed  # one heartbeat in the epoch: no growth to see
     steady = [spill_beat("c", NOW - 5_000, 9, 3), spill_beat("c", NOW - 1_000, 19, 3)]
     (c,) = observe({3: "c"}, steady, NOW, DEFAULTS)
