@@ -690,6 +690,7 @@ class _EnvOnly(BaseSettings):
     worker: dict[str, Any] | None = None
     coordinator: dict[str, Any] | None = None
     ring: dict[str, Any] | None = None
+    splitjoin: dict[str, Any] | None = None
     workload: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
     faults: dict[str, Any] | None = None

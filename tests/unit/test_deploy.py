@@ -114,6 +114,11 @@ def by_component(docs: list[dict], kind: str, component: str) -> dict:
     return found[0]
 
 
+def worker_replicas(values: dict) -> int:
+    """The StatefulSet's replicas the values ask for: worker.replicas, unset = 2 outside splitjoin mode."""
+    return values["worker"].get("replicas") or 2
+
+
 def clean(doc: dict) -> dict:
     return {k: v for k, v in doc.items() if k != "__source__"}
 
@@ -201,6 +206,11 @@ def test_lint_and_render_reject_bad_values():
 
 def test_every_manifest_validates(variant):
     _, docs = variant
+    validate_all(docs)
+
+
+def validate_all(docs: list[dict]) -> None:
+    """kubernetes-validate every manifest (CRDs: only that they have a spec)."""
     assert docs
     for doc in docs:
         if doc["apiVersion"].startswith(CRD_GROUPS):
@@ -293,7 +303,7 @@ def test_workers_are_a_statefulset_with_state_on_a_volume(variant, tmp_path, mon
     values, docs = variant
     sts = one(docs, "StatefulSet")
     spec = sts["spec"]
-    assert spec["replicas"] == values["worker"]["replicas"]
+    assert spec["replicas"] == worker_replicas(values)
     assert spec["podManagementPolicy"] == "Parallel"
 
     headless = one(docs, "Service", spec["serviceName"])
@@ -404,7 +414,7 @@ def test_configmap_job_yaml_loads_with_settings(variant, tmp_path, monkeypatch):
         assert job.worker.state_dir == Path(values["worker"]["stateDir"])
     # what the coordinator sees: it places groups once this many workers heartbeat
     job = load_job(text, tmp_path, monkeypatch, container(one(docs, "Deployment"))["env"])
-    assert job.coordinator.expected_workers == values["worker"]["replicas"]
+    assert job.coordinator.expected_workers == worker_replicas(values)
 
 
 def test_scaling_workers_does_not_roll_them(default_docs):
@@ -650,7 +660,7 @@ def test_compose_kafka_is_kraft(compose):
 
 def test_compose_streamjoin_commands(compose):
     services = compose["services"]
-    subcommands = {"topics", "coordinator", "worker", "sources", "verify"}
+    subcommands = {"topics", "coordinator", "worker", "merger", "sources", "verify"}
     for name, svc in services.items():
         if svc.get("image", "").startswith("streamjoin"):
             assert svc["build"]["dockerfile"] == "docker/Dockerfile"
@@ -679,7 +689,8 @@ def test_compose_job_file_is_valid(compose, tmp_path, monkeypatch):
     env = [{"name": k, "value": str(v)} for k, v in coordinator["environment"].items()]
     job = load_job((COMPOSE.parent / source).read_text(), tmp_path, monkeypatch, env)
     assert job.bootstrap == "kafka:9092"
-    workers = [n for n, s in compose["services"].items() if s.get("command", [None])[0] == "worker"]
+    workers = [n for n, s in compose["services"].items()
+               if s.get("command", [None])[0] == "worker" and "profiles" not in s]  # splitjoin cores: own job
     assert job.coordinator.expected_workers == len(workers)
 
 
@@ -886,3 +897,189 @@ def test_ring_mode_job_renders_and_loads(tmp_path, monkeypatch):
     assert [t.left for t in job.join.predicate] == ["r.x", "r.y", "s.a"]
     assert job.coordinator.expected_workers == 3
     assert one(docs, "StatefulSet")["spec"]["replicas"] == 3
+
+
+# ------------------------------------------------------------ splitjoin mode
+
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller, Kubernetes >= 1.28
+
+
+def splitjoin_job(**splitjoin: int) -> dict:
+    """Seed 001's band join (band.yaml) in splitjoin mode, with `splitjoin` as its splitjoin section
+    (none when empty: the settings' defaults); the ring-only sections are dropped."""
+    job = yaml.safe_load((REPO / "streamjoin" / "jobs" / "band.yaml").read_text())
+    for ring_only in ("ring", "coordinator", "worker"):
+        job.pop(ring_only)
+    job["join"]["mode"] = "splitjoin"
+    if splitjoin:
+        job["splitjoin"] = splitjoin
+    return job
+
+
+# k = 3 cores at start, room for 4; monitoring on, so the merger's scrape is checked too.
+SPLITJOIN = {
+    "job": splitjoin_job(cores=3, max_cores=4),
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+    "grafanaDashboard": {"enabled": True},
+}
+
+
+@pytest.fixture(scope="module")
+def splitjoin_docs() -> list[dict]:
+    return render(SPLITJOIN)
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    """A container arg with $(VAR) replaced as the kubelet does."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
+
+
+def _options(args: list[str]) -> dict[str, str]:
+    """`--flag value` pairs of a command line (every flag here takes a value)."""
+    return {a: args[i + 1] for i, a in enumerate(args) if a.startswith("--")}
+
+
+def _pod_args(sts: dict, ordinal: int) -> list[str]:
+    """Pod `ordinal`'s command line: the downward API env it would get, expanded into the args."""
+    c = container(sts)
+    sources = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+    assert sources["POD_INDEX"] == f"metadata.labels['{POD_INDEX_LABEL}']"
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    env |= {"POD_INDEX": str(ordinal), "POD_NAME": f"{sts['metadata']['name']}-{ordinal}"}
+    return [_expand(a, env) for a in c["args"]]
+
+
+def _launcher_core_args(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, position: int) -> list[str]:
+    """The command line streamjoin.launcher.Fleet.start_core runs (nothing is started)."""
+    from streamjoin import launcher
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda cmd, **_: started.append(cmd))
+    fleet = launcher.Fleet(None, tmp_path / "job.yaml", "kafka:9092", tmp_path / "logs")  # type: ignore[arg-type]
+    fleet.start_core(position)
+    [cmd] = started
+    return cmd[cmd.index("streamjoin.cli") + 1:]
+
+
+def test_splitjoin_lints_and_validates(splitjoin_docs):
+    report = helm.lint(CHART, SPLITJOIN, strict=True, kube_version=f"v{K8S_VERSION}")
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+    validate_all(splitjoin_docs)
+
+
+def test_splitjoin_release_has_a_merger_and_no_coordinator(splitjoin_docs):
+    """As the launcher runs it (cores and merger, tests/integration/splitjoin_harness.py), and as
+    services/splitjoin needs it: nothing on the SplitJoin path talks to a coordinator."""
+    full = f"{RELEASE}-streamjoin"
+    workloads = sorted((d["kind"], d["metadata"]["name"]) for d in splitjoin_docs
+                       if d["kind"] in {"Deployment", "StatefulSet", "Service"})
+    assert workloads == [("Deployment", f"{full}-merger"), ("Service", f"{full}-merger"),
+                         ("Service", f"{full}-worker"), ("StatefulSet", f"{full}-worker")]
+    assert "deployment/sj-streamjoin-merger" in notes(SPLITJOIN)
+
+
+def test_splitjoin_cores_take_their_position_from_the_pod_index(splitjoin_docs, tmp_path, monkeypatch):
+    sts = one(splitjoin_docs, "StatefulSet")
+    k = SPLITJOIN["job"]["splitjoin"]["cores"]
+    assert sts["spec"]["replicas"] == k  # worker.replicas unset: one pod per core of the job's k
+    for ordinal in range(k):
+        args = _pod_args(sts, ordinal)
+        launcher = _launcher_core_args(monkeypatch, tmp_path, ordinal)
+        assert args[0] == launcher[0] == "worker"
+        mine, theirs = _options(args), _options(launcher)
+        assert mine.keys() == theirs.keys()
+        assert mine["--core"] == theirs["--core"] == str(ordinal)
+        assert mine["--worker-id"] == theirs["--worker-id"] == f"core-{ordinal}"
+        assert mine["--bootstrap"] == "kafka:9092" and mine["--job"] == "/etc/streamjoin/job.yaml"
+
+
+def test_splitjoin_cores_keep_no_volume(splitjoin_docs, tmp_path, monkeypatch):
+    """A core rebuilds from its changelog partition at every start: no PVC, an emptyDir at state_dir."""
+    sts = one(splitjoin_docs, "StatefulSet")
+    assert "volumeClaimTemplates" not in sts["spec"]
+    assert "persistentVolumeClaimRetentionPolicy" not in sts["spec"]
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container(sts)["volumeMounts"]}
+    job = load_job(config_job_yaml(splitjoin_docs), tmp_path, monkeypatch, container(sts)["env"])
+    assert volumes[mounts[str(job.worker.state_dir)]] == {"name": "state", "emptyDir": {}}
+
+
+def test_splitjoin_merger_is_a_single_recreated_deployment(splitjoin_docs):
+    dep = by_component(splitjoin_docs, "Deployment", "merger")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["type"] == "Recreate"
+    c = container(dep)
+    assert c["args"] == ["merger", "--job", "/etc/streamjoin/job.yaml", "--bootstrap", "$(KAFKA_BOOTSTRAP)",
+                         "--metrics-port", "9100"]
+    assert {e["name"] for e in c["env"]} >= {"KAFKA_BOOTSTRAP"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    svc = by_component(splitjoin_docs, "Service", "merger")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["metrics"]
+
+
+def test_splitjoin_service_monitor_scrapes_cores_and_merger(splitjoin_docs):
+    sm = one(splitjoin_docs, "ServiceMonitor")
+    [expr] = sm["spec"]["selector"]["matchExpressions"]
+    selected = sorted(d["metadata"]["labels"]["app.kubernetes.io/component"] for d in splitjoin_docs
+                      if d["kind"] == "Service" and d["metadata"]["labels"].get(expr["key"]) in expr["values"])
+    assert selected == ["merger", "worker"]
+
+
+def test_splitjoin_job_yaml_loads(splitjoin_docs, tmp_path, monkeypatch):
+    for workload in (one(splitjoin_docs, "StatefulSet"), by_component(splitjoin_docs, "Deployment", "merger")):
+        job = load_job(config_job_yaml(splitjoin_docs), tmp_path, monkeypatch, container(workload)["env"])
+        assert job.join.mode == "splitjoin"
+        assert (job.splitjoin.cores, job.splitjoin.max_cores) == (3, 4)
+        assert job.bootstrap == "kafka:9092"
+
+
+def test_splitjoin_defaults_are_the_settings_defaults():
+    """Without a splitjoin section the chart sizes the StatefulSet as the services read the job."""
+    from streamjoin.settings.job import SplitJoinSpec
+
+    defaults = SplitJoinSpec()
+    docs = render({"job": splitjoin_job(), "worker": {"replicas": defaults.max_cores}})
+    assert one(docs, "StatefulSet")["spec"]["replicas"] == defaults.max_cores
+    assert one(render({"job": splitjoin_job()}), "StatefulSet")["spec"]["replicas"] == defaults.cores
+    with pytest.raises(helm.HelmRenderError, match="max_cores"):
+        render({"job": splitjoin_job(), "worker": {"replicas": defaults.max_cores + 1}})
+
+
+def test_splitjoin_refuses_more_pods_than_max_cores():
+    job = SPLITJOIN["job"]
+    assert one(render({"job": job, "worker": {"replicas": 4}}), "StatefulSet")["spec"]["replicas"] == 4
+    with pytest.raises(helm.HelmRenderError, match=r"worker.replicas \(5\) is above job.splitjoin.max_cores \(4\)"):
+        render({"job": job, "worker": {"replicas": 5}})
+
+
+def test_splitjoin_scaling_cores_does_not_roll_them(splitjoin_docs):
+    """After `streamjoin splitjoin scale`, worker.replicas changes only the pod count."""
+    scaled = render(SPLITJOIN | {"worker": {"replicas": 4}})
+    assert one(scaled, "StatefulSet")["spec"]["template"] == one(splitjoin_docs, "StatefulSet")["spec"]["template"]
+    assert config_job_yaml(scaled) == config_job_yaml(splitjoin_docs)
+
+
+def test_dashboard_has_splitjoin_panels():
+    exprs = " ".join(_dashboard_exprs())
+    assert "streamjoin_splitjoin_core_" in exprs and "streamjoin_splitjoin_merger_" in exprs
+
+
+def test_compose_splitjoin_profile(compose, tmp_path, monkeypatch):
+    services = compose["services"]
+    profiled = {n for n, s in services.items() if "splitjoin" in s.get("profiles", [])}
+    assert profiled == {"splitjoin-topics", "core-0", "core-1", "merger"}
+    assert not any("profiles" in services[n] for n in ("coordinator", "worker-0", "worker-1"))  # `up` as before
+    for i in (0, 1):
+        cmd = services[f"core-{i}"]["command"]
+        assert cmd[0] == "worker"
+        assert _options(cmd)["--core"] == str(i) and _options(cmd)["--worker-id"] == f"core-{i}"
+        assert services[f"core-{i}"]["restart"] == "on-failure"  # a retired core exits 0 and stays down
+    assert services["merger"]["command"][0] == "merger"
+    assert services["splitjoin-topics"]["command"][:2] == ["topics", "create"]
+    for name in profiled - {"splitjoin-topics"}:
+        assert set(services[name]["depends_on"]) == {"splitjoin-topics"}, name  # no coordinator
+    source, _ = _host_path(services["merger"]["volumes"][0])
+    env = [{"name": k, "value": str(v)} for k, v in services["merger"]["environment"].items()]
+    job = load_job((COMPOSE.parent / source).read_text(), tmp_path, monkeypatch, env)
+    assert job.join.mode == "splitjoin" and job.splitjoin.cores == 2

@@ -74,6 +74,19 @@ def test_environment_overrides_file_and_flags_override_environment(monkeypatch) 
     assert job.partitions == 7  # flag over env
 
 
+def test_every_section_of_the_job_file_can_be_set_from_the_environment(monkeypatch) -> None:
+    """A section missing from the environment reader is silently ignored there (splitjoin was)."""
+    from pydantic import BaseModel
+
+    from streamjoin.settings.job import JobSettings, _EnvOnly
+
+    sections = {name for name, field in JobSettings.model_fields.items()
+                if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)}
+    assert "splitjoin" in sections and sections <= set(_EnvOnly.model_fields)
+    monkeypatch.setenv("STREAMJOIN_SPLITJOIN__PUNCTUATE_EVERY", "16")
+    assert load(default_job_file()).splitjoin.punctuate_every == 16
+
+
 def test_bad_environment_value_is_a_settings_error(monkeypatch) -> None:
     monkeypatch.setenv("STREAMJOIN_WORKER__BATCH_MS", "-5")
     with pytest.raises(SettingsError, match="worker.batch_ms"):

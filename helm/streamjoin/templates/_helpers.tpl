@@ -77,6 +77,55 @@ The streamjoin job name (JobSettings.job), used for the Prometheus `job` label.
 {{- end }}
 
 {{/*
+"true" when the job runs in SplitJoin mode (join.mode: splitjoin): the worker
+StatefulSet's pods are its cores and a merger runs instead of a coordinator.
+*/}}
+{{- define "streamjoin.splitjoin" -}}
+{{- if eq (dig "join" "mode" "hash" .Values.job) "splitjoin" }}true{{ end }}
+{{- end }}
+
+{{/*
+The job's splitjoin.cores and splitjoin.max_cores, with the defaults of
+settings/job.py SplitJoinSpec (test_deploy checks they agree): the chart needs
+them to size the StatefulSet before any service has loaded the job.
+*/}}
+{{- define "streamjoin.splitjoinCores" -}}
+{{- dig "splitjoin" "cores" 2 .Values.job | int }}
+{{- end }}
+
+{{- define "streamjoin.splitjoinMaxCores" -}}
+{{- dig "splitjoin" "max_cores" 16 .Values.job | int }}
+{{- end }}
+
+{{/*
+Worker pods (StatefulSet replicas). worker.replicas when set; otherwise the
+job's initial k in SplitJoin mode (one pod per core), else 2.
+*/}}
+{{- define "streamjoin.workerReplicas" -}}
+{{- $default := ternary (include "streamjoin.splitjoinCores" .) "2" (eq (include "streamjoin.splitjoin" .) "true") }}
+{{- .Values.worker.replicas | default $default | int }}
+{{- end }}
+
+{{/*
+Fails the render for a SplitJoin deployment that cannot work: a core's
+position (its pod ordinal) must be below splitjoin.max_cores (the core topics'
+partition count, where the CLI refuses --core), and the ordinal comes from the
+pod-index label, which Kubernetes sets from 1.28 on.
+*/}}
+{{- define "streamjoin.checkSplitjoin" -}}
+{{- if include "streamjoin.splitjoin" . }}
+{{- $replicas := include "streamjoin.workerReplicas" . | int }}
+{{- $max := include "streamjoin.splitjoinMaxCores" . | int }}
+{{- if gt $replicas $max }}
+{{- fail (printf "splitjoin mode: worker.replicas (%d) is above job.splitjoin.max_cores (%d): pod N runs core N, and cores are 0..max_cores-1" $replicas $max) }}
+{{- end }}
+{{- if semverCompare "<1.28.0-0" .Capabilities.KubeVersion.Version }}
+{{- fail (printf "splitjoin mode needs Kubernetes >= 1.28 (the apps.kubernetes.io/pod-index label gives each core its --core), this is %s" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 job.yaml: the user's job spec plus the fields the chart owns. The coordinator's
 expected_workers comes from worker.replicas through its environment instead,
 so scaling the workers does not change job.yaml and roll every worker.
