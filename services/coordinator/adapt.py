@@ -18,7 +18,8 @@ Two papers, one decision per epoch:
   lazy-disk: memory = window bytes in memory; no policy move takes a group with generations on
   disk (restriction 2), balancing does not start in an epoch in which its sender or receiver
   pushed (restriction 1), and it moves the sender's productive groups (smallest P_s / P_o)
-  first, so what spill later pushes on either side is the less productive state. active-disk: lazy-disk, and once memory needs no move, a
+  first, so what spill later pushes on either side is the less productive state.
+  active-disk: lazy-disk, and once memory needs no move, a
   worker whose output rate per group lags (Max_rate / Min_rate > `output_rate_theta`) is told
   to push its least productive groups, at most M_q - M_c bytes.
 
@@ -411,12 +412,13 @@ def _plan_memory(plan: Plan, active: list[WorkerObservation], settings: Coordina
     staying = (f" ({len(kept)} of its groups have generations on disk and stay: {SEED003_DISK}, restriction 2)"
                if kept else "")
     candidates, target = movable(sender, settings), (most - least) / 2
-    chosen = (half_the_gap(candidates, target) if settings.disk_adaptation == "local"
-              else half_the_gap(candidates, target, productive_first(candidates, sender.group_results)))
+    by_productivity = settings.disk_adaptation != "local"  # seed 003 6 moves the productive groups
+    chosen = half_the_gap(candidates, target,
+                          productive_first(candidates, sender.group_results) if by_productivity else None)
     if not chosen:
         return _noted(plan, f"{ratio}, but every group of {sender.worker} that may move{staying} is at least the "
                             "gap it would close: moving one would not narrow it"), True
-    picked = "" if settings.disk_adaptation == "local" else ", its productive groups first (smallest P_s / P_o)"
+    picked = ", its productive groups first (smallest P_s / P_o)" if by_productivity else ""
     why = (f"{ratio}: move about (M_most - M_least) / 2 = {target:.0f} bytes from {sender.worker} "
            f"(fullest) to {receiver.worker} (emptiest){picked}{staying} ({SEED003_MEMORY})")
     moves = tuple(Move(g, sender.worker, receiver.worker, "memory", sender.group_bytes[g], why) for g in chosen)

@@ -62,7 +62,7 @@ from streamjoin.services.coordinator.adapt import History, WorkerObservation, pl
 from streamjoin.services.worker.intake import RecordBuffer, routing_for
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.services.worker.processor import join_plan, run_cycle
-from streamjoin.settings import JobSettings, load
+from streamjoin.settings import CoordinatorSpec, JobSettings, load
 from streamjoin.state.partition import group_prefix
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -107,6 +107,7 @@ BUDGET_A = 0.4  # "well below the state"
 BUDGET_B = 0.45  # x 3 workers = 1.35 x the state: the cluster holds it; the skewed worker (2/3) does not
 REPEATS_C = 3  # (c) compares wall times: the median of this many runs
 BUDGET_C = 0.12  # x 3 = 0.36: every worker past its budget, even the light ones (1/6 each)
+THETA_PAPER = CoordinatorSpec.model_fields["memory_balance_theta"].default  # the job default, seed 003's 0.8
 THETA_C = 0.9  # (c)'s theta_d: balances the groups evenly before the workers fill (see the docstring)
 BUDGET_D = 0.22  # each worker holds 1/3: past its budget; the cluster holds 0.66 of the state
 PUSH_FRACTION = 0.3  # seed 003 4.4: 30%
@@ -124,7 +125,7 @@ class Inputs:
 
 
 def make_job(plan: Plan, path: Path, ratios: Sequence[float], budget: int, victims: str = "productivity",
-             disk_adaptation: str = "lazy-disk", theta: float = 0.8) -> JobSettings:
+             disk_adaptation: str = "lazy-disk", theta: float = THETA_PAPER) -> JobSettings:
     """The 3-way job of every experiment; theta: coordinator.memory_balance_theta (theta_d)."""
     streams = [{"name": n, "fields": {"k": "int", "ts": "int"}, "time_field": "ts", "key_fields": ["k"],
                 "format": "blocks", "window": {"range_ms": plan.window_ms}} for n in STREAMS]
@@ -285,7 +286,7 @@ class RunSpec:
     budget: int  # per worker
     victims: str = "productivity"
     policy: str | None = None  # None: no plan_epoch; else coordinator.disk_adaptation
-    theta: float = 0.8  # coordinator.memory_balance_theta (theta_d)
+    theta: float = THETA_PAPER  # coordinator.memory_balance_theta (theta_d)
     notes: list[str] = field(default_factory=list)
 
 
@@ -451,7 +452,7 @@ def _skewed(partitions: int) -> dict[int, int]:
 
 def _cluster(plan: Plan, workdir: Path, progress: Progress, name: str, ratios: tuple[float, ...],
              placement: dict[int, int], share: float, ours: tuple[str, str | None],
-             other: tuple[str, str | None], theta: float = 0.8) -> tuple[dict, dict, dict]:
+             other: tuple[str, str | None], theta: float = THETA_PAPER) -> tuple[dict, dict, dict]:
     job = make_job(plan, workdir, ratios, 1)
     inputs = make_inputs(job, plan)
     budget = int(share * state_bytes(job, plan))
@@ -498,7 +499,7 @@ def experiment_c(plan: Plan, workdir: Path, progress: Progress) -> dict:
                                                 "clean-up results, all workers (the work, not the time)", "results")
     out["setup"] = setup | {"memory_balance_theta": THETA_C}
     if plan is not QUICK:
-        out["theta_0_8"] = _at_theta(plan, workdir, progress, 0.8)
+        out["theta_0_8"] = _at_theta(plan, workdir, progress, THETA_PAPER)
     return out
 
 
@@ -546,7 +547,8 @@ def run(quick: bool, plot_path: Path | None, console: Console | None = None) -> 
         "method": METHOD,
         "parameters": {"mode": "quick" if quick else "full", "plan": plan.__dict__, "streams": 3,
                        "join": "A x B x C equi-join on k, RANGE windows", "spill_mode": "deferred",
-                       "push_fraction": PUSH_FRACTION, "trigger": 1.0, "memory_balance_theta": {"a_b_d": 0.8, "c": THETA_C},
+                       "push_fraction": PUSH_FRACTION, "trigger": 1.0,
+                       "memory_balance_theta": {"a_b_d": THETA_PAPER, "c": THETA_C},
                        "budget_shares": {"a": BUDGET_A, "b": BUDGET_B, "c": BUDGET_C, "d": BUDGET_D},
                        "workload": "seed003 (services/workloads.py)"},
         "experiments": experiments,
