@@ -466,11 +466,18 @@ class Worker:
         return behind
 
 
+# Fencing that librdkafka may report as abortable, not fatal (seen in CI: a ProduceRequest
+# answered PRODUCER_FENCED, "current transaction must be aborted"): a newer producer holds this
+# transactional.id, so aborting and retrying can never succeed.
+FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+
+
 def exit_if_fenced(error: KafkaException) -> None:
-    """A fatal producer error (this worker's transactions were fenced: it was declared dead and
-    its groups moved on) ends the process; its supervisor restarts it as a fresh worker."""
+    """A fatal producer error or a fencing one (this worker's transactions were fenced: it was
+    declared dead and its groups moved on) ends the process; its supervisor restarts it as a
+    fresh worker."""
     err = error.args[0] if error.args else None
-    if isinstance(err, KafkaError) and err.fatal():
+    if isinstance(err, KafkaError) and (err.fatal() or err.code() in FENCED_CODES):
         log.error("this worker's transactions were fenced (declared dead, its groups moved on); exiting "
                   "for a clean restart", error=str(err))
         os._exit(75)  # EX_TEMPFAIL

@@ -42,3 +42,16 @@ def test_a_fenced_flush_is_a_fatal_kafka_exception(fail: str) -> None:
 def test_a_stop_request_in_flush_passes_through() -> None:
     with pytest.raises(Stopped):
         _flushed(_Producer("stop"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("code", [KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED])
+def test_a_fencing_error_reported_as_abortable_still_exits_75(code: int, monkeypatch) -> None:
+    """librdkafka answered a zombie's ProduceRequest with PRODUCER_FENCED, not fatal (seen in CI):
+    retrying after an abort can never succeed, so it exits like a fatal fence; other errors do not."""
+    from streamjoin.services.worker import main
+
+    exits: list[int] = []
+    monkeypatch.setattr(main.os, "_exit", exits.append)
+    main.exit_if_fenced(KafkaException(KafkaError(code, "fenced", fatal=False)))
+    main.exit_if_fenced(KafkaException(KafkaError(KafkaError._CONFLICT, "abort in progress", fatal=False)))
+    assert exits == [75]
