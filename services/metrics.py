@@ -51,6 +51,8 @@ class BlockHistogram(Collector):
 TUPLES_IN = Counter("streamjoin_tuples_in", "Input tuples accepted into the join", ["stream"], registry=REGISTRY)
 RESULTS_OUT = Counter("streamjoin_results_out", "Join results produced", registry=REGISTRY)
 DEAD_LETTER = Counter("streamjoin_dead_letter", "Records sent to the dead-letter topic", ["reason"], registry=REGISTRY)
+FILTERED = Counter("streamjoin_filtered_tuples", "Tuples outside their stream's source filter (`where`), skipped "
+                   "before the join", ["stream"], registry=REGISTRY)
 STATE_BYTES = Gauge("streamjoin_window_state_bytes", "Window state bytes per partition group", ["group"],
                     registry=REGISTRY)
 STATE_TUPLES = Gauge("streamjoin_window_state_tuples", "Window tuples per partition group", ["group"],

@@ -21,6 +21,15 @@ arrival instant (epoch ms, floored). The other fields depend on
             join on one key field): each tuple picks a partition group g
             uniformly, then a key uniformly from g's key domain, ints whose
             key text hashes (Kafka's murmur2) to g, so the record lands in g.
+  airline   seed 002's Delta OIS example (section 2.1): streams flights,
+            checkins, baggage and weather over one flight catalogue drawn
+            from the workload seed (`flight_catalogue`): carriers' shares
+            of flights are Zipf (a few big carriers), each carrier mostly in
+            its own terminal; flights, check-ins and bags pick a flight
+            uniformly, weather a destination city.
+
+Every kind: a stream named in workload.rate_factors runs at that multiple of
+the caller's rate.
 
 seed003's domain sizing. The paper's tuple range R is the number of distinct
 join values in a range of R tuples of a stream; its range join ratio j is the
@@ -40,6 +49,7 @@ Callers seed the generator: the same (seed, stream, batch) gives the same batch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable
@@ -47,6 +57,7 @@ from typing import Callable
 import numpy as np
 
 from streamjoin.settings import JobSettings, StreamSpec
+from streamjoin.settings.job import AIRLINE_MAX_CARRIERS, AIRLINE_MAX_CITIES, WorkloadSpec
 from streamjoin.topology.partitioner import key_text, partitions_for_keys
 
 Columns = dict[str, np.ndarray]
@@ -58,6 +69,7 @@ _IDS_PER_MS = 1000  # images: ids of a batch starting at t0 ms are t0 * 1000, t0
 # sample generators never coincide with a batch's generator.
 _SCENES = 2**32 - 1
 _SAMPLE = 2**32 - 2
+_CATALOGUE = 2**32 - 3
 
 
 def poisson_times(rng: np.random.Generator, rate: float, t0: int, t1: int) -> np.ndarray:
@@ -81,7 +93,7 @@ def b_model_keys(rng: np.random.Generator, n: int, skew: float, domain: int) -> 
 def generate(job: JobSettings, stream: int, rng: np.random.Generator, t0_ms: int, t1_ms: int,
              rate: float) -> Columns:
     """Stream `stream`'s tuples arriving in [t0_ms, t1_ms), one column per field, in arrival order."""
-    arrivals = poisson_times(rng, rate, t0_ms, t1_ms)
+    arrivals = poisson_times(rng, rate * job.workload.rate_factors.get(job.streams[stream].name, 1.0), t0_ms, t1_ms)
     return _KINDS[job.workload.kind](job, job.streams[stream], rng, arrivals, t0_ms)
 
 
@@ -297,5 +309,129 @@ def _seed003(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arriv
     return _keyed_columns(job, spec, arrivals, k)
 
 
+# ---------------------------------------------------------------- airline (seed 002's Delta OIS example)
+
+CARRIER_CODES = ("DL", "AA", "UA", "WN", "B6", "AS", "LH", "AF", "BA", "KL",
+                 "EK", "QR", "SQ", "NH", "JL", "CX", "AC", "QF", "NK", "F9")
+CITY_CODES = ("ATL", "JFK", "LAX", "ORD", "DFW", "DEN", "SFO", "SEA", "MIA", "BOS",
+              "LHR", "CDG", "FRA", "AMS", "MAD", "FCO", "DXB", "DOH", "SIN", "HND",
+              "NRT", "HKG", "SYD", "YYZ", "MEX", "GRU", "ICN", "PEK", "BKK", "IST",
+              "ZRH", "MUC", "DUB", "CPH", "LAS", "PHX", "MSP", "DTW", "CLT", "IAH")
+CHECKIN_STATUS = ("open", "boarding", "closed", "delayed", "cancelled")
+_CHECKIN_STATUS_SHARES = (0.45, 0.25, 0.2, 0.08, 0.02)
+FORECASTS = ("clear", "cloudy", "rain", "snow", "storm", "fog")
+AIRLINE_FIELDS: dict[str, dict[str, str]] = {
+    "flights": {"num": "str", "carrier": "str", "terminal": "str", "gate": "str", "dest": "str", "ts": "int"},
+    "checkins": {"flight": "str", "status": "str", "vacant_seats": "int", "ts": "int"},
+    "baggage": {"flight": "str", "area": "str", "bags": "int", "ts": "int"},
+    "weather": {"city": "str", "forecast": "str", "temp": "float", "ts": "int"},
+}
+_GATES_PER_TERMINAL = 30
+_BELTS_PER_TERMINAL = 6
+_OWN_TERMINAL = 0.8  # share of a carrier's flights at its home terminal
+_MAX_SEATS = 250
+assert len(CARRIER_CODES) == AIRLINE_MAX_CARRIERS and len(CITY_CODES) == AIRLINE_MAX_CITIES
+
+
+@dataclasses.dataclass(frozen=True)
+class FlightCatalogue:
+    """The flights every airline stream refers to, one entry per flight (NumPy unicode arrays)."""
+
+    num: np.ndarray
+    carrier: np.ndarray
+    terminal: np.ndarray
+    gate: np.ndarray
+    dest: np.ndarray
+
+
+def carrier_shares(carriers: int, skew: float) -> np.ndarray:
+    """Each carrier's share of flights, float[carriers]: Zipf, share of rank r proportional to 1 / r^skew."""
+    weights = 1.0 / np.arange(1, carriers + 1, dtype=np.float64) ** skew
+    return weights / weights.sum()
+
+
+def flight_catalogue(workload: WorkloadSpec) -> FlightCatalogue:
+    """The workload's flight catalogue, the same for every stream and batch (drawn from workload.seed).
+
+    Carrier c runs max(1, round(flights_per_carrier * carriers * share_c)) flights, numbered
+    <code><3-5 digits>, 80% at its home terminal (c mod terminals), gates 1..30 of the terminal,
+    destinations drawn with a mild hub skew among the first `cities` city codes."""
+    return _catalogue(workload.seed, workload.carriers, workload.carrier_skew, workload.flights_per_carrier,
+                      workload.terminals, workload.cities)
+
+
+@functools.lru_cache(maxsize=8)
+def _catalogue(seed: int, carriers: int, skew: float, per_carrier: int, terminals: int,
+               cities: int) -> FlightCatalogue:
+    rng = np.random.default_rng([seed, _CATALOGUE])
+    counts = np.maximum(1, np.round(per_carrier * carriers * carrier_shares(carriers, skew))).astype(np.int64)
+    owner = np.repeat(np.arange(carriers), counts)
+    codes = np.asarray(CARRIER_CODES[:carriers])
+    # Distinct numbers within a carrier: a sorted sample of 100.. per carrier, ranked into place.
+    numbers = np.concatenate([100 + np.sort(rng.choice(max(9900, int(n)), int(n), replace=False)) for n in counts])
+    home = owner % terminals
+    elsewhere = rng.random(len(owner)) >= _OWN_TERMINAL
+    terminal_index = np.where(elsewhere, rng.integers(0, terminals, len(owner)), home)
+    letters = np.asarray([chr(ord("A") + t) for t in range(terminals)])
+    terminal = letters[terminal_index]
+    gate = np.strings.add(terminal, _decimal(rng.integers(1, _GATES_PER_TERMINAL + 1, len(owner))))
+    hubs = 1.0 / np.sqrt(np.arange(1, cities + 1))
+    dest = np.asarray(CITY_CODES[:cities])[rng.choice(cities, len(owner), p=hubs / hubs.sum())]
+    return FlightCatalogue(np.strings.add(codes[owner], _decimal(numbers)), codes[owner], terminal, gate, dest)
+
+
+def _decimal(values: np.ndarray) -> np.ndarray:
+    """Ints as decimal text, as wide as the longest: astype("U") alone makes every value 21 characters
+    wide, which a block then stores (and a window keeps) per tuple."""
+    text = values.astype("U")
+    return text.astype(f"U{max(1, int(np.strings.str_len(text).max(initial=1)))}")
+
+
+def airline_stream(spec: StreamSpec) -> str:
+    """Which airline stream `spec` is (its name), after checking it has that stream's fields and time field ts.
+
+    Raises ValueError naming the stream and what differs."""
+    want = AIRLINE_FIELDS.get(spec.name)
+    if want is None:
+        raise ValueError(f"workload.kind airline generates streams {sorted(AIRLINE_FIELDS)}, not {spec.name!r}")
+    if spec.fields != want or spec.time_field != "ts":
+        raise ValueError(f"workload.kind airline: stream {spec.name} needs fields {want} with time_field ts, "
+                         f"got {spec.fields} with time_field {spec.time_field}")
+    return spec.name
+
+
+def _airline(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
+             t0_ms: int) -> Columns:
+    """One airline stream's tuples: a flight (or city) per arrival and that stream's own readings.
+
+    job: the job (workload's catalogue settings); spec: the stream; rng: the batch's generator;
+    arrivals: arrival instants (ms, float); t0_ms: the batch's start (unused: no running ids)."""
+    cols = _airline_columns(job.workload, airline_stream(spec), rng, np.floor(arrivals).astype(np.int64))
+    return {f: cols[f] for f in spec.fields}
+
+
+def _airline_columns(workload: WorkloadSpec, name: str, rng: np.random.Generator, ts: np.ndarray) -> Columns:
+    """Stream `name`'s columns for tuples at times `ts` (int64 ms), drawn from `rng`."""
+    n = len(ts)
+    if name == "weather":
+        return {"city": np.asarray(CITY_CODES[:workload.cities])[rng.integers(0, workload.cities, n)],
+                "forecast": np.asarray(FORECASTS)[rng.integers(0, len(FORECASTS), n)],
+                "temp": np.round(rng.normal(15.0, 10.0, n), 1), "ts": ts}
+    catalogue = flight_catalogue(workload)
+    flight = rng.integers(0, len(catalogue.num), n)
+    if name == "flights":
+        return {"num": catalogue.num[flight], "carrier": catalogue.carrier[flight],
+                "terminal": catalogue.terminal[flight], "gate": catalogue.gate[flight],
+                "dest": catalogue.dest[flight], "ts": ts}
+    if name == "checkins":
+        status = rng.choice(len(CHECKIN_STATUS), n, p=_CHECKIN_STATUS_SHARES)
+        return {"flight": catalogue.num[flight], "status": np.asarray(CHECKIN_STATUS)[status],
+                "vacant_seats": rng.integers(0, _MAX_SEATS + 1, n, dtype=np.int64), "ts": ts}
+    belt = _decimal(rng.integers(1, _BELTS_PER_TERMINAL + 1, n))
+    return {"flight": catalogue.num[flight], "area": np.strings.add(np.strings.add(catalogue.terminal[flight], "-belt"),
+                                                                     belt),
+            "bags": 1 + rng.poisson(0.6, n).astype(np.int64), "ts": ts}
+
+
 _KINDS: dict[str, Callable[[JobSettings, StreamSpec, np.random.Generator, np.ndarray, int], Columns]] = {
-    "equijoin": _equijoin, "band": _band, "images": _images, "seed003": _seed003}
+    "equijoin": _equijoin, "band": _band, "images": _images, "seed003": _seed003, "airline": _airline}

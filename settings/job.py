@@ -23,6 +23,9 @@ from streamjoin.settings.topics import KEEP_FOREVER, TopicsSpec
 
 FieldType = Literal["int", "float", "str", "bool", "bytes"]
 HASH_KEY_TYPES = ("int", "str", "bool")
+# airline workload: the real carrier codes and cities services/workloads.py draws from.
+AIRLINE_MAX_CARRIERS = 20
+AIRLINE_MAX_CITIES = 40
 RESERVED_RESULT_NAMES = frozenset({"result_id", "event_time", "produced_ms", "inputs"})
 AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # librdkafka properties exactness or the design depends on: a job's `kafka:` section may not set them.
@@ -63,6 +66,17 @@ class WindowSpec(_Strict):
         return self.rows is not None
 
 
+def _fits(field_type: FieldType, value: object) -> bool:
+    """Whether a filter literal can equal a value of `field_type` (bool is not an int here)."""
+    if isinstance(value, bool):
+        return field_type == "bool"
+    if isinstance(value, int):
+        return field_type in ("int", "float")
+    if isinstance(value, float):
+        return field_type == "float"
+    return field_type == "str" and isinstance(value, str)
+
+
 class StreamSpec(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     topic: str | None = None
@@ -71,6 +85,11 @@ class StreamSpec(_Strict):
     time_field: str
     key_fields: list[str] = Field(default_factory=list, description="join key (hash mode needs one); Kafka record key")
     window: WindowSpec
+    where: dict[str, list[int | float | str | bool]] = Field(
+        default_factory=dict,
+        description="hash mode: a source filter, field -> allowed values (ANDed over fields); a tuple outside it "
+                    "is skipped before the join (counted, not dead-lettered). The query service pushes its "
+                    "operators' selection covers here (seed 002 section 3.1, cascading relaxation)")
     max_field_bytes: int = Field(
         default=4096, gt=0, le=1 << 24,
         description="the longest str or bytes value a tuple may hold (UTF-8 bytes for str); a record with a "
@@ -86,6 +105,16 @@ class StreamSpec(_Strict):
         missing = [k for k in self.key_fields if k not in self.fields]
         if missing:
             raise ValueError(f"key_fields {missing} are not among fields {sorted(self.fields)}")
+        unknown = [k for k in self.where if k not in self.fields]
+        if unknown:
+            raise ValueError(f"where names fields {unknown} that are not among fields {sorted(self.fields)}")
+        empty = [k for k, values in self.where.items() if not values]
+        if empty:
+            raise ValueError(f"where lists no values for {empty}: the stream would never join")
+        mistyped = [k for k, values in self.where.items() if not all(_fits(self.fields[k], v) for v in values)]
+        if mistyped:
+            raise ValueError(f"where values of {mistyped} do not fit their field types "
+                             f"({ {k: self.fields[k] for k in mistyped} }); bytes fields cannot be filtered")
         return self
 
 
@@ -137,6 +166,11 @@ class JoinSpec(_Strict):
         default="auto",
         description="hash mode: a record whose partition is not murmur2(join key) mod partitions is re-routed "
                     "through <job>.<stream>.by-key (auto) or dead-lettered as misrouted (never)")
+    start_offsets: dict[str, dict[int, int]] = Field(
+        default_factory=dict,
+        description="hash mode: source topic -> partition -> the offset a group with no checkpoint starts "
+                    "reading at (default: the beginning). The query service starts an operator version this "
+                    "way, about a window before its switch barrier (a window-bounded backfill)")
     max_future_ms: int | None = Field(
         default=300_000, ge=0,
         description="a record whose event time is more than this ahead of the worker's clock is dead-lettered "
@@ -213,6 +247,57 @@ class SpillSpec(_Strict):
                     "run's length; a continuous job has no length, so 5 minutes)")
 
 
+class QueriesSpec(_Strict):
+    """StreamReuse (seed 002): the continuous-query service (`streamjoin queries`). The job's
+    `streams` are the catalog queries may name; each shared operator runs as a hash-mode job
+    of its own. Regions and their latency matrix are what the network-usage cost model weighs."""
+
+    regions: list[str] = Field(default_factory=lambda: ["local"], min_length=1,
+                               description="region names, in the order of latency_ms's rows")
+    latency_ms: list[list[float]] = Field(
+        default_factory=list,
+        description="regions x regions link latency (ms) weighing bytes that cross them; empty: 0 within a "
+                    "region, 1 between two")
+    source_regions: dict[str, str] = Field(default_factory=dict,
+                                           description="stream -> the region its producers are in (default: the first)")
+    reuse: Literal["relax", "exact", "none"] = Field(
+        default="relax",
+        description="relax: widen a running operator and compensate (seed 002); exact: share only operators "
+                    "that answer a query unchanged; none: one operator per query")
+    port: int = Field(default=8470, ge=0, le=65535, description="the HTTP API's port (0 = any free port)")
+    host: str = Field(default="127.0.0.1", description="the HTTP API's address")
+    operator_workers: int = Field(default=1, ge=1, le=64, description="workers of each operator's job")
+    operator_partitions: int = Field(default=4, ge=1, le=1000, description="partition groups of each operator's job")
+    backfill_margin_ms: int = Field(
+        default=60_000, ge=0,
+        description="a new operator version seeks its sources by record timestamp to (barrier - window - "
+                    "lateness - this): how far an event time may run ahead of its record's timestamp")
+    barrier_delay_ms: int = Field(
+        default=1_000, ge=0,
+        description="a switch's event-time barrier lies at least this far past the newest result routed")
+
+    @model_validator(mode="after")
+    def _regions(self) -> "QueriesSpec":
+        n = len(self.regions)
+        if len(set(self.regions)) != n:
+            raise ValueError(f"queries.regions has duplicates: {self.regions}")
+        if self.latency_ms and (len(self.latency_ms) != n or any(len(row) != n for row in self.latency_ms)):
+            raise ValueError(f"queries.latency_ms must be {n} x {n} (one row and column per region)")
+        if any(v < 0 or v != v for row in self.latency_ms for v in row):
+            raise ValueError("queries.latency_ms holds non-negative numbers")
+        unknown = sorted(set(self.source_regions.values()) - set(self.regions))
+        if unknown:
+            raise ValueError(f"queries.source_regions names regions {unknown} not in queries.regions {self.regions}")
+        return self
+
+    def latency(self, a: str, b: str) -> float:
+        """The latency weight between regions `a` and `b`."""
+        i, j = self.regions.index(a), self.regions.index(b)
+        if self.latency_ms:
+            return float(self.latency_ms[i][j])
+        return 0.0 if i == j else 1.0
+
+
 class WorkerSpec(_Strict):
     batch_ms: int = Field(default=200, gt=0, description="distribution epoch: poll/batch interval")
     max_batch_records: int = Field(default=200_000, gt=0)
@@ -235,6 +320,8 @@ class WorkerSpec(_Strict):
         description="a Kafka commit stuck this long ends the process; its supervisor restarts it into recovery",
     )
     metrics_port: int = Field(default=0, ge=0, description="0 = pick a free port")
+    region: str = Field(default="local", description="the region this worker runs in (seed 002's network locality; "
+                                                   "Helm sets it from the node's topology zone)")
 
 
 class CoordinatorSpec(_Strict):
@@ -367,9 +454,14 @@ class WorkloadSpec(_Strict):
               same-key tuples of each other stream (j^2 results in a 3-way join).
               Groups start on worker g % workers, so with 3 workers [4, 1, 1] makes
               worker 0's groups the productive ones (Figure 21), [4, 2, 1] thirds of
-              the groups (Figure 11)."""
+              the groups (Figure 11).
+    airline   seed 002's Delta OIS example: streams flights, checkins, baggage and
+              weather over one flight catalogue of `carriers` carriers (Zipf shares,
+              exponent `carrier_skew`: a few big ones), about `flights_per_carrier`
+              flights each, `terminals` terminals and `cities` destinations; each
+              stream's rate is `rate` times its `rate_factors` entry."""
 
-    kind: Literal["equijoin", "band", "images", "seed003"] = "equijoin"
+    kind: Literal["equijoin", "band", "images", "seed003", "airline"] = "equijoin"
     rate: float = Field(default=1500.0, gt=0, description="tuples/s per stream")
     skew: float = Field(default=0.7, ge=0.5, lt=1.0, description="b-model bias")
     domain: int = Field(default=1 << 20, gt=1, description="join-key domain size (power of two)")
@@ -383,12 +475,31 @@ class WorkloadSpec(_Strict):
                              description="seed003: distinct join values per range of tuples, over all groups")
     join_ratios: list[float] = Field(default_factory=lambda: [4.0, 2.0, 1.0], min_length=1,
                                      description="seed003: group g's join ratio is join_ratios[g % len]")
+    carriers: int = Field(default=12, ge=1, le=AIRLINE_MAX_CARRIERS, description="airline: carriers in the catalogue")
+    carrier_skew: float = Field(default=1.0, ge=0, le=4,
+                                description="airline: Zipf exponent of the carriers' shares of flights (0 = even)")
+    flights_per_carrier: int = Field(default=40, ge=1, le=10_000,
+                                     description="airline: mean flights per carrier (a carrier's share sets its own)")
+    terminals: int = Field(default=5, ge=1, le=26, description="airline: terminals A, B, ... the gates lie in")
+    cities: int = Field(default=30, ge=1, le=AIRLINE_MAX_CITIES, description="airline: destination (weather) cities")
+    rate_factors: dict[str, float] = Field(
+        default_factory=dict,
+        description="stream name -> multiple of `rate` that stream is generated at (default 1): streams of one "
+                    "workload need not share a rate (airline: weather reports are rarer than check-ins)")
 
     @field_validator("domain")
     @classmethod
     def _power_of_two(cls, v: int) -> int:
         if v & (v - 1):
             raise ValueError(f"domain must be a power of two for the b-model, e.g. {1 << v.bit_length()}")
+        return v
+
+    @field_validator("rate_factors")
+    @classmethod
+    def _finite_factors(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {name: f for name, f in v.items() if not 0 < f < float("inf")}
+        if bad:
+            raise ValueError(f"rate factors are positive finite multiples of workload.rate, got {bad}")
         return v
 
     @field_validator("join_ratios")
@@ -418,6 +529,7 @@ class JobSettings(BaseModel):
     workload: WorkloadSpec = WorkloadSpec()
     output: OutputSpec = OutputSpec()
     faults: FaultSpec = FaultSpec()
+    queries: QueriesSpec = QueriesSpec()
     topics: TopicsSpec = Field(
         default_factory=TopicsSpec,
         description="replication, min.insync.replicas, retention, cleanup policy and other configs per topic role")
@@ -461,6 +573,9 @@ class JobSettings(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"stream names must be unique, got {names}")
         self._check_names()
+        unknown = sorted(set(self.workload.rate_factors) - set(names))
+        if unknown:
+            raise ValueError(f"workload.rate_factors names streams {unknown} the job does not have ({names})")
         self._check_retention()
         self._check_reorg_epoch()
         if self.join.mode == "hash":
@@ -570,6 +685,10 @@ class JobSettings(BaseModel):
     def input_topics(self) -> list[str]:
         return [self.topic_of(s) for s in self.streams]
 
+    def start_offset(self, topic: str, partition: int) -> int:
+        """Where a group with no checkpoint starts reading `topic`'s `partition` (0: the beginning)."""
+        return self.join.start_offsets.get(topic, {}).get(partition, 0)
+
     @property
     def results_topic(self) -> str:
         return self.output.topic or f"{self.job}.results"
@@ -600,6 +719,11 @@ class JobSettings(BaseModel):
     @property
     def control_topic(self) -> str:
         return f"{self.job}.control"
+
+    @property
+    def queries_topic(self) -> str:
+        """The query service's registry (compacted: the latest record per query and operator version)."""
+        return f"{self.job}.queries"
 
     @property
     def placement_topic(self) -> str:
@@ -694,5 +818,6 @@ class _EnvOnly(BaseSettings):
     workload: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
     faults: dict[str, Any] | None = None
+    queries: dict[str, Any] | None = None
     topics: dict[str, Any] | None = None
     # kafka: read by streamjoin.settings.kafka.from_environment, which keeps secrets as {env:} references.

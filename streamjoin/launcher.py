@@ -259,3 +259,37 @@ def wait_ring_quiet(job: JobSettings, bootstrap: str, fleet: Fleet, timeout: flo
             return
         time.sleep(1.0)
     raise TimeoutError(f"ring did not go quiet within {timeout}s")
+
+
+class FleetDeployer:
+    """The query service's deployer on one machine (services/queries/deploy.py's Deployer):
+    each operator version runs as a fleet of its own, a coordinator and
+    `queries.operator_workers` workers, its job file and logs under `work_dir/<job>`."""
+
+    def __init__(self, bootstrap: str, work_dir: Path) -> None:
+        self.bootstrap, self.work_dir = bootstrap, work_dir
+        self.fleets: dict[str, Fleet] = {}
+
+    def start(self, job: JobSettings) -> None:
+        from streamjoin.topology import topics
+
+        home = self.work_dir / job.job
+        topics.ensure(kafka.Cluster.of(job, self.bootstrap).admin(), job)
+        fleet = Fleet(job, write_job(job, home / "job.yaml"), self.bootstrap, home / "logs")
+        fleet.start_coordinator()
+        for n in range(job.coordinator.expected_workers):
+            fleet.start_worker(f"w{n}")
+        self.fleets[job.job] = fleet
+
+    def stop(self, job_name: str) -> None:
+        fleet = self.fleets.pop(job_name, None)
+        if fleet is not None:
+            fleet.stop_all()
+
+    def check(self) -> None:
+        for fleet in self.fleets.values():
+            fleet.supervise()
+
+    def close(self) -> None:
+        for name in list(self.fleets):
+            self.stop(name)

@@ -77,6 +77,14 @@ def plan(job: JobSettings) -> list[TopicPlan]:
     return topics
 
 
+def queries_plan(job: JobSettings, sinks: list[str]) -> list[TopicPlan]:
+    """The query service's topics: its registry (compacted like placement: the latest record per
+    key) and the queries' sink topics (results: never compacted)."""
+    return ([_planned(job, job.queries_topic, "placement", 1)]
+            + [_planned(job, sink, "results", job.queries.operator_partitions, exact_partitions=False)
+               for sink in sinks])
+
+
 def hop_plan(job: JobSettings, node: str) -> TopicPlan:
     """Ring mode: `node`'s hop topic, one partition so its predecessor's messages stay in order."""
     return _planned(job, job.hop_topic(node), "ring_hop", 1)

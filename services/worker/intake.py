@@ -36,6 +36,7 @@ from confluent_kafka import Message
 
 from streamjoin.engine.block import OFF, TS, Block
 from streamjoin.schemas.codecs import BLOCK_INDEX, BLOCK_SHIFT, DECODERS, Reject, encode_block
+from streamjoin.services import metrics
 from streamjoin.settings import JobSettings, StreamSpec
 from streamjoin.topology.partitioner import key_text, partitions_for_keys
 
@@ -227,6 +228,10 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
             detail = f"event time more than join.max_future_ms={job.join.max_future_ms} ahead of the clock {now_ms}"
             dead += _tuples_dead(spec, stream_index, buf, block.filter(ahead), record[ahead], FUTURE, detail)
             block, record = block.filter(~ahead), record[~ahead]
+    if spec.where and len(block):
+        outside = ~source_filter(spec, block)
+        metrics.FILTERED.labels(spec.name).inc(int(outside.sum()))
+        block, record = block.filter(~outside), record[~outside]
     groups = np.asarray(buf.groups, np.int64)[record]
     rerouted = np.asarray(buf.rerouted, bool)[record]
     forwards: list[Forward] = []
@@ -239,6 +244,16 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
                 dead += _misrouted_dead(spec, stream_index, buf, block.filter(wrong), record[wrong], routing)
             block, groups, rerouted = block.filter(~wrong), groups[~wrong], rerouted[~wrong]
     return _split(buf, block, groups, dead, forwards, marks, ~fresh)
+
+
+def source_filter(spec: StreamSpec, block: Block) -> np.ndarray:
+    """Which tuples of `block` pass the stream's `where` (every listed field holds one of its
+    values). Run before routing, so a filtered tuple is never forwarded, joined or stored; a
+    replay filters the same records the same way."""
+    keep = np.ones(len(block), dtype=bool)
+    for name, allowed in spec.where.items():
+        keep &= np.isin(block[name], np.asarray(allowed))  # settings checked the values' types against the field's
+    return keep
 
 
 def _first_copies(buf: RecordBuffer, routed: Mapping[int, Mapping[int, int]]) -> tuple[np.ndarray, dict[int, dict[int, int]]]:

@@ -228,7 +228,8 @@ class Worker:
                 if routing.check and routing.repartition == "auto":
                     inputs.append((self.job.by_key_topic(s), g))
                 for topic, p in inputs:
-                    out.append(TopicPartition(topic, p, end.get(topic, {}).get(p, OFFSET_BEGINNING)
+                    start = self.job.start_offset(topic, p) or OFFSET_BEGINNING
+                    out.append(TopicPartition(topic, p, end.get(topic, {}).get(p, start)
                                               if from_checkpoint else OFFSET_BEGINNING))
         return out
 

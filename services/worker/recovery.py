@@ -157,12 +157,15 @@ def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: di
     """The records of one batch: every input partition from the checkpoint's boundary up to the batch's."""
     stream_of = {job.topic_of(s): i for i, s in enumerate(job.streams)}
     forwarded = {job.by_key_topic(s): i for i, s in enumerate(job.streams)}
+    # A partition the checkpoint has not read yet starts where the job starts it (join.start_offsets).
+    start = {topic: {p: start.get(topic, {}).get(p, job.start_offset(topic, p)) for p in parts}
+             for topic, parts in end.items()}
     wanted = {(topic, p): hi for topic, parts in end.items() for p, hi in parts.items()
-              if hi > start.get(topic, {}).get(p, 0)}
+              if hi > start[topic][p]}
     buffers: dict[int, RecordBuffer] = {}
     c = cluster.consumer(f"{job.consumer_group}-recovery")
     try:
-        c.assign([TopicPartition(t, p, start.get(t, {}).get(p, 0) or OFFSET_BEGINNING) for t, p in wanted])
+        c.assign([TopicPartition(t, p, start[t][p] or OFFSET_BEGINNING) for t, p in wanted])
         remaining = set(wanted)
         while remaining:
             for m in c.consume(10_000, 1.0):

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from streamjoin.bench import adapt, band, equijoin, psp, report, splitjoin
+from streamjoin.bench import adapt, band, equijoin, psp, report, reuse, splitjoin
 from streamjoin.bench.env import BenchEnv, bench_env
 
 Workload = Callable[[BenchEnv, bool, "Path | None"], dict]
 WORKLOADS: dict[str, Workload] = {"equijoin": equijoin.run, "band": band.run, "psp": psp.run, "adapt": adapt.run,
-                                  "splitjoin": splitjoin.run}
+                                  "splitjoin": splitjoin.run, "reuse": reuse.run}
 
 
 def run_bench(workload: str, quick: bool = False, json_path: Path | None = None,

@@ -1,4 +1,5 @@
-"""Fuzz targets, one per record decoder: bytes in, the decoder's verdict checked.
+"""Fuzz targets, one per record decoder: bytes in, the decoder's verdict checked
+(plus `cql`, the query parser's, in tests/fuzz/query_target.py).
 
 A fuzz input is a poll of records: its bytes split at RS (0x1e), each piece one
 record value, an empty piece a tombstone, followed by one known good record.
@@ -23,6 +24,7 @@ import numpy as np
 from streamjoin.engine.block import KEY, Block
 from streamjoin.schemas.codecs import DECODERS, Decoded, avro_schema, encode_block
 from streamjoin.settings import StreamSpec
+from tests.fuzz.query_target import check_query_text
 
 SPEC = StreamSpec(name="f", fields={"k": "int", "ts": "int", "v": "str", "w": "float", "b": "bool", "raw": "bytes"},
                   time_field="ts", key_fields=["k"], window={"range_ms": 10})
@@ -98,7 +100,10 @@ def check(decoder: str, data: bytes) -> Decoded:
 
 
 def target(decoder: str) -> Callable[[bytes], None]:
-    """The libFuzzer entry point for `decoder`."""
+    """The libFuzzer entry point for `decoder`, or for the query parser (`cql`)."""
+    if decoder == "cql":
+        return check_query_text
+
     def one_input(data: bytes) -> None:
         check(decoder, data)
     return one_input

@@ -660,7 +660,7 @@ def test_compose_kafka_is_kraft(compose):
 
 def test_compose_streamjoin_commands(compose):
     services = compose["services"]
-    subcommands = {"topics", "coordinator", "worker", "merger", "sources", "verify"}
+    subcommands = {"topics", "coordinator", "worker", "merger", "sources", "verify", "queries"}
     for name, svc in services.items():
         if svc.get("image", "").startswith("streamjoin"):
             assert svc["build"]["dockerfile"] == "docker/Dockerfile"
@@ -1083,3 +1083,157 @@ def test_compose_splitjoin_profile(compose, tmp_path, monkeypatch):
     env = [{"name": k, "value": str(v)} for k, v in services["merger"]["environment"].items()]
     job = load_job((COMPOSE.parent / source).read_text(), tmp_path, monkeypatch, env)
     assert job.join.mode == "splitjoin" and job.splitjoin.cores == 2
+
+
+# ------------------------------------------------- query service and regions
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+def queries_job(regions: list[str]) -> dict:
+    """Seed 000's job with a queries section naming `regions`."""
+    job = yaml.safe_load((REPO / "streamjoin" / "jobs" / "seed000.yaml").read_text())
+    job["queries"] = {"regions": regions}
+    return job
+
+
+# The query service on a custom port, workers pinned to a zone, monitoring on.
+QUERIES = {
+    "job": queries_job(["eu-west-1a", "us-east-1b"]),
+    "region": "eu-west-1a",
+    "queries": {"enabled": True, "port": 8600,
+                "extraEnv": [{"name": "STREAMJOIN_QUERIES__REUSE", "value": "exact"}]},
+    "worker": {"nodeSelector": {"disk": "ssd"}},
+    "metrics": {"serviceMonitor": {"enabled": True}},
+}
+
+
+@pytest.fixture(scope="module")
+def queries_docs() -> list[dict]:
+    return render(QUERIES)
+
+
+def test_queries_release_lints_and_validates(queries_docs):
+    report = helm.lint(CHART, QUERIES, strict=True, kube_version=f"v{K8S_VERSION}")
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+    validate_all(queries_docs)
+
+
+def test_query_service_is_off_by_default(default_docs, custom_docs):
+    for docs in (default_docs, custom_docs):
+        assert not [d for d in docs if d["metadata"]["labels"].get("app.kubernetes.io/component") == "queries"]
+
+
+def test_query_service_runs_like_the_coordinator(queries_docs, tmp_path, monkeypatch):
+    """Same image, job.yaml, security and Kafka settings as the coordinator; one replica, recreated."""
+    dep = by_component(queries_docs, "Deployment", "queries")
+    coordinator = by_component(queries_docs, "Deployment", "coordinator")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    c, theirs = container(dep), container(coordinator)
+    assert c["args"][:3] == ["queries", "--job", "/etc/streamjoin/job.yaml"]
+    assert c["image"] == theirs["image"] and c["securityContext"] == theirs["securityContext"]
+    assert all(mount in c["volumeMounts"] for mount in theirs["volumeMounts"])
+    pod, their_pod = dep["spec"]["template"], coordinator["spec"]["template"]
+    assert all(volume in pod["spec"]["volumes"] for volume in their_pod["spec"]["volumes"])
+    assert pod["spec"]["securityContext"] == their_pod["spec"]["securityContext"]
+    assert pod["metadata"]["annotations"]["checksum/config"] == their_pod["metadata"]["annotations"]["checksum/config"]
+    assert {e["name"] for e in theirs["env"]} - {"STREAMJOIN_COORDINATOR__EXPECTED_WORKERS"} <= \
+        {e["name"] for e in c["env"]}
+    # what the service reads: the job's queries section, listening on the pod's address and the chart's port
+    job = load_job(config_job_yaml(queries_docs), tmp_path, monkeypatch, c["env"])
+    assert (job.queries.host, job.queries.port) == ("0.0.0.0", 8600)
+    assert job.queries.regions == ["eu-west-1a", "us-east-1b"] and job.queries.reuse == "exact"
+
+
+def test_query_service_runs_its_operators_on_writable_volumes(queries_docs, tmp_path, monkeypatch):
+    """Its operators' job files, logs and window state go to emptyDirs: the root filesystem is read-only."""
+    dep = by_component(queries_docs, "Deployment", "queries")
+    c = container(dep)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    work_dir = c["args"][c["args"].index("--work-dir") + 1]
+    job = load_job(config_job_yaml(queries_docs), tmp_path, monkeypatch, c["env"])
+    for path in (work_dir, str(job.worker.state_dir)):  # operator workers keep state under worker.state_dir
+        assert volumes[mounts[path]] == {"name": mounts[path], "emptyDir": {}}, path
+    # children inherit the environment: a state_dir there would put every operator's workers in one place
+    assert not [e for e in c["env"] if e["name"] == "STREAMJOIN_WORKER__STATE_DIR"]
+
+
+def test_query_service_is_probed_and_served_on_its_port(queries_docs):
+    dep = by_component(queries_docs, "Deployment", "queries")
+    c = container(dep)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": 8600}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+    svc = by_component(queries_docs, "Service", "queries")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8600, "targetPort": "http", "protocol": "TCP"}]
+    # it has no /metrics: the ServiceMonitor must not scrape it
+    [expr] = one(queries_docs, "ServiceMonitor")["spec"]["selector"]["matchExpressions"]
+    assert "queries" not in expr["values"]
+    assert "svc/sj-streamjoin-queries 8600" in notes(QUERIES)
+
+
+def test_query_service_command_exists():
+    """The chart and compose run `streamjoin queries`: a command of the CLI."""
+    import typer
+
+    from streamjoin.cli import app
+
+    assert "queries" in typer.main.get_command(app).commands  # type: ignore[attr-defined]
+
+
+def test_workers_are_pinned_to_the_region(queries_docs, tmp_path, monkeypatch):
+    sts = one(queries_docs, "StatefulSet")
+    assert sts["spec"]["template"]["spec"]["nodeSelector"] == {"disk": "ssd", ZONE: "eu-west-1a"}
+    env = container(sts)["env"]
+    assert {"name": "STREAMJOIN_WORKER__REGION", "value": "eu-west-1a"} in env
+    assert load_job(config_job_yaml(queries_docs), tmp_path, monkeypatch, env).worker.region == "eu-west-1a"
+    # the query service runs operators' workers in its pod: the same zone; the coordinator only places groups
+    queries = by_component(queries_docs, "Deployment", "queries")["spec"]["template"]["spec"]
+    assert queries["nodeSelector"] == {ZONE: "eu-west-1a"}
+    assert "nodeSelector" not in by_component(queries_docs, "Deployment", "coordinator")["spec"]["template"]["spec"]
+
+
+def test_no_region_leaves_workers_unpinned(default_docs, tmp_path, monkeypatch):
+    sts = one(default_docs, "StatefulSet")
+    assert "nodeSelector" not in sts["spec"]["template"]["spec"]
+    env = container(sts)["env"]
+    assert not [e for e in env if e["name"] == "STREAMJOIN_WORKER__REGION"]
+    assert load_job(config_job_yaml(default_docs), tmp_path, monkeypatch, env).worker.region == "local"
+    assert "Region:" not in notes()
+
+
+def test_region_that_cannot_hold_refuses_to_render():
+    with pytest.raises(helm.HelmRenderError, match="worker.nodeSelector's .* disagree"):
+        render({"region": "eu-west-1a", "worker": {"nodeSelector": {ZONE: "eu-west-1b"}}})
+    with pytest.raises(helm.HelmRenderError, match="queries.nodeSelector's .* disagree"):
+        render({"region": "eu-west-1a", "queries": {"enabled": True, "nodeSelector": {ZONE: "eu-west-1b"}}})
+    with pytest.raises(helm.HelmRenderError, match=r"not among job.queries.regions"):
+        render({"region": "ap-south-1a", "job": queries_job(["eu-west-1a", "us-east-1b"])})
+    for bad in ("-eu", "eu west", "x" * 64):  # not a label value: no node could carry it
+        with pytest.raises(helm.HelmValuesError, match="/region"):
+            render({"region": bad})
+    with pytest.raises(helm.HelmValuesError, match="/queries"):
+        render({"queries": {"enabled": True, "port": 0}})
+    # the same zone in both places is fine
+    sts = one(render({"region": "eu-west-1a", "worker": {"nodeSelector": {ZONE: "eu-west-1a"}}}), "StatefulSet")
+    assert sts["spec"]["template"]["spec"]["nodeSelector"] == {ZONE: "eu-west-1a"}
+
+
+def test_compose_queries_profile(compose, tmp_path, monkeypatch):
+    services = compose["services"]
+    profiled = {n for n, s in services.items() if "queries" in s.get("profiles", [])}
+    assert profiled == {"queries"}
+    queries = services["queries"]
+    assert queries["command"] == ["queries", "--job", "/etc/streamjoin/job.yaml"]
+    assert "STREAMJOIN_WORKER__STATE_DIR" not in queries["environment"]  # its operators' workers inherit it
+    assert set(queries["depends_on"]) == {"topics"}
+    env = [{"name": k, "value": str(v)} for k, v in queries["environment"].items()]
+    source, _ = _host_path(queries["volumes"][0])
+    job = load_job((COMPOSE.parent / source).read_text(), tmp_path, monkeypatch, env)
+    assert job.bootstrap == "kafka:9092" and job.queries.host == "0.0.0.0"
+    assert queries["ports"] == [f"{job.queries.port}:{job.queries.port}"]
+    assert f"localhost:{job.queries.port}/healthz" in " ".join(queries["healthcheck"]["test"])

@@ -1,5 +1,5 @@
-"""Every input kept under tests/fuzz/corpus/<decoder>/ (seeds, crashers the fuzzers
-found, interesting inputs) replayed through its decoder's fuzz target."""
+"""Every input kept under tests/fuzz/corpus/<target>/ (seeds, crashers the fuzzers
+found, interesting inputs) replayed through its fuzz target (a decoder's, or `cql`)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz.targets import check
+from tests.fuzz.targets import target
 
 CORPUS = Path(__file__).resolve().parents[1] / "fuzz" / "corpus"
 CASES = sorted((d.name, f) for d in CORPUS.iterdir() if d.is_dir() for f in d.iterdir() if f.is_file())
 
 
 def test_every_decoder_has_a_corpus() -> None:
-    assert {decoder for decoder, _ in CASES} == {"json", "json-fields", "avro", "blocks"}
+    assert {decoder for decoder, _ in CASES} == {"json", "json-fields", "avro", "blocks", "cql"}
 
 
 @pytest.mark.parametrize("decoder, path", CASES, ids=[f"{d}/{p.name}" for d, p in CASES])
-def test_corpus_input_decodes_without_raising(decoder: str, path: Path) -> None:
-    check(decoder, path.read_bytes())
+def test_corpus_input_passes_its_target(decoder: str, path: Path) -> None:
+    target(decoder)(path.read_bytes())

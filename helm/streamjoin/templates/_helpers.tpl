@@ -126,6 +126,33 @@ pod-index label, which Kubernetes sets from 1.28 on.
 {{- end }}
 
 {{/*
+The nodeSelector of pods that join (the workers, and the query service, whose
+operators run in its pod): `selector` (the component's nodeSelector, named
+`field` in errors) plus, when `region` is set, topology.kubernetes.io/zone:
+<region> (values.yaml says why the zone is pinned, not read). Include with
+(dict "ctx" $ "selector" .Values.worker.nodeSelector "field" "worker.nodeSelector").
+Fails on a selector that names another zone, and on a region outside
+job.queries.regions when the job lists them.
+*/}}
+{{- define "streamjoin.zoneNodeSelector" -}}
+{{- $selector := deepCopy (default (dict) .selector) }}
+{{- with .ctx.Values.region }}
+{{- $zone := "topology.kubernetes.io/zone" }}
+{{- if and (hasKey $selector $zone) (ne (get $selector $zone) .) }}
+{{- fail (printf "region %q and %s's %s %q disagree: set one of them" . $.field $zone (get $selector $zone)) }}
+{{- end }}
+{{- $regions := dig "queries" "regions" (list) $.ctx.Values.job }}
+{{- if and $regions (not (has . $regions)) }}
+{{- fail (printf "region %q is not among job.queries.regions %v: the query service would place no operator on these workers" . $regions) }}
+{{- end }}
+{{- $_ := set $selector $zone . }}
+{{- end }}
+{{- with $selector }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
 job.yaml: the user's job spec plus the fields the chart owns. The coordinator's
 expected_workers comes from worker.replicas through its environment instead,
 so scaling the workers does not change job.yaml and roll every worker.

@@ -1,0 +1,36 @@
+"""`streamjoin queries`: the query service process: the HTTP API in front, the router,
+source sampling and lifetimes behind it on a thread of their own."""
+
+from __future__ import annotations
+
+import threading
+
+import structlog
+import uvicorn
+
+from streamjoin.services import kafka
+from streamjoin.services.queries.api import create_app
+from streamjoin.services.queries.deploy import Deployer
+from streamjoin.services.queries.service import ReuseService
+from streamjoin.settings import JobSettings
+
+log = structlog.get_logger("queries")
+
+
+def serve(settings: JobSettings, cluster: kafka.Cluster, deployer: Deployer) -> None:
+    """Run the query service until SIGTERM/SIGINT (uvicorn's own handling), then stop its loop.
+
+    `settings`: the service's job (catalog and `queries:`); `deployer`: runs operator versions."""
+    kafka.wait_for_broker(cluster, log)
+    service = ReuseService(settings, cluster, deployer)
+    service.open()
+    stop = threading.Event()
+    loop = threading.Thread(target=service.run, args=(stop,), name="queries-loop", daemon=True)
+    loop.start()
+    log.info("query service up", host=settings.queries.host, port=settings.queries.port)
+    try:
+        uvicorn.run(create_app(service), host=settings.queries.host, port=settings.queries.port, log_level="warning")
+    finally:
+        stop.set()
+        loop.join(30)
+        deployer.close()

@@ -1,0 +1,246 @@
+"""The compensation router: every operator version's results to its queries' sinks.
+
+It reads each running version's results (Arrow blocks) and batch commits, and
+for every query a version serves applies that query's compensation (seed 002
+section 3.1: its own selections, RANGE filter, projection) restricted to the
+segment of event time the version serves it for, `lo <= T < hi`, then writes
+the query's results to its sink as ordinary result records (the job result
+format with the query's projection, schemas/result_codec.py).
+
+Exactly once: each cycle's sink records and the router's consumer offsets go
+in one Kafka transaction, so a restarted router resumes where the last
+committed cycle ended. A switch between versions is exact because the two
+segments of a query meet at one barrier: the old version serves T < B, the new
+one T >= B, and result ids (engine/result_ids.py) depend only on the inputs, so
+both versions would give a shared result the same id.
+
+A version retires when every segment it serves has ended and its batch
+commits show every group's watermark past the last segment end (a result
+found later would need an input behind the watermark, which the job
+dead-letters as late); the router then reads its results to their end and
+calls `on_retired`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import structlog
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
+
+from streamjoin.engine.block import Block
+from streamjoin.engine.result_ids import EVENT_TIME, RESULT_ID_HI
+from streamjoin.engine.window_join import NO_TIME
+from streamjoin.schemas.query import Query
+from streamjoin.schemas.result_codec import ResultLayout, StreamLayout, decode_results, encode_json, result_layout
+from streamjoin.schemas.results import BatchCommit, decode_commit
+from streamjoin.services import kafka
+from streamjoin.settings import JobSettings
+from streamjoin.topology.reuse.compensation import Compensation, compensation_mask
+
+log = structlog.get_logger("queries.router")
+POLL_RECORDS = 5_000
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one query's results go: its sink topic and partitions, what compensates an
+    operator's results for it, and its result layout (its sources, its projection)."""
+
+    sink: str
+    partitions: int
+    compensation: Compensation
+    layout: ResultLayout
+
+
+def sink_layout(service: JobSettings, query: Query, name: str) -> ResultLayout:
+    """The result records of query `name` on its sink: the job result format over the query's
+    sources in FROM order, each with its SELECT columns and its time field (a result record
+    names every member's event time)."""
+    catalog = {s.name: s for s in service.streams}
+    streams = []
+    for window in query.windows:
+        spec = catalog[window.stream]
+        chosen = [c.field for c in query.columns if c.stream == window.stream]
+        fields = chosen + ([spec.time_field] if spec.time_field not in chosen else [])
+        streams.append(StreamLayout(spec.name, service.topic_of(spec), spec.format == "blocks",
+                                    tuple((f, spec.fields[f]) for f in fields), spec.time_field, ()))
+    return ResultLayout(name, "hash", tuple(streams))
+
+
+@dataclass
+class Route:
+    """One operator version as the router sees it. `segments`: query id -> [lo, hi) event time
+    served from this version (hi None: open); `watermarks`: group -> the newest committed
+    watermark; `newest`: the largest result time read; `retire_at`: the results' end offsets
+    to read up to before retiring (None until every segment has closed behind the watermark)."""
+
+    job: JobSettings
+    layout: ResultLayout
+    segments: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    watermarks: dict[int, int] = field(default_factory=dict)
+    newest: int = NO_TIME
+    retire_at: dict[int, int] | None = None
+
+    def watermark(self) -> int:
+        """The version's watermark: the least over its groups (NO_TIME until each has committed)."""
+        groups = self.job.partitions
+        if len(self.watermarks) < groups:
+            return NO_TIME
+        return min(self.watermarks.values())
+
+    def finished(self) -> bool:
+        """Every segment closed and the watermark past the last end: no result it serves is left."""
+        ends = [hi for _, hi in self.segments.values()]
+        return all(hi is not None for hi in ends) and self.watermark() >= max(ends, default=NO_TIME)
+
+
+class Router:
+    """Routes results from operator versions to query sinks, one transaction per cycle.
+
+    `service`: the query service's settings; `cluster`: its Kafka clients; `on_retired(job)`:
+    called (under `lock`, from the router's thread) once a version has nothing left to serve.
+    Callers change the routing table only while holding `lock`, so a change falls between two
+    committed cycles."""
+
+    def __init__(self, service: JobSettings, cluster: kafka.Cluster, on_retired: Callable[[str], None]) -> None:
+        self.service, self.cluster, self.on_retired = service, cluster, on_retired
+        self.lock = threading.RLock()
+        self.routes: dict[str, Route] = {}
+        self.targets: dict[str, Target] = {}
+        self.group = f"{service.job}-queries-router"
+        self.consumer = cluster.consumer(self.group)
+        self.producer = cluster.producer(f"{service.job}-queries-router")
+        self.assigned: set[str] = set()
+        self.routed = 0  # results written to sinks since start
+
+    # ------------------------------------------------------------ the table
+    def add_version(self, job: JobSettings) -> None:
+        """Start reading operator version `job` (its results and batch commits)."""
+        self.routes.setdefault(job.job, Route(job, result_layout(job)))
+
+    def serve(self, version: str, query: str, lo: int, hi: int | None) -> None:
+        """Serve `query` from `version` for results with lo <= T < hi."""
+        self.routes[version].segments[query] = (lo, hi)
+
+    def set_target(self, query: str, target: Target) -> None:
+        self.targets[query] = target
+
+    def newest(self, version: str) -> int:
+        """The largest result time read from `version` so far (NO_TIME if none)."""
+        return self.routes[version].newest
+
+    # ------------------------------------------------------------ the loop
+    def start(self) -> None:
+        kafka.init_transactions(self.producer, log, router=self.group)
+
+    def run(self, stop: threading.Event) -> None:
+        """Cycle until `stop` is set."""
+        while not stop.is_set():
+            with self.lock:
+                self.cycle()
+
+    def cycle(self) -> int:
+        """Read what the versions wrote, route it in one transaction; returns results written."""
+        self._assign()
+        messages = self.consumer.consume(POLL_RECORDS, POLL_S) if self.assigned else []
+        if not self.assigned:
+            time.sleep(POLL_S)
+        by_version: dict[str, list[Message]] = {}
+        for m in messages:
+            if m.error() is None:
+                by_version.setdefault(self._version_of(m.topic()), []).append(m)
+        written = 0
+        if messages:
+            self.producer.begin_transaction()
+            for version, batch in by_version.items():
+                written += self._route(self.routes[version], batch)
+            self._commit()
+        self.routed += written
+        self._retire()
+        return written
+
+    def _version_of(self, topic: str) -> str:
+        return next(name for name, route in self.routes.items()
+                    if topic in (route.job.results_topic, route.job.commits_topic))
+
+    def _assign(self) -> None:
+        """Assign the partitions of versions not read yet, from this router's committed offsets."""
+        fresh = [name for name in self.routes if name not in self.assigned]
+        if not fresh:
+            return
+        wanted = [TopicPartition(topic, g) for name in fresh for topic in
+                  (self.routes[name].job.results_topic, self.routes[name].job.commits_topic)
+                  for g in range(self.routes[name].job.partitions)]
+        committed = self.consumer.committed(wanted, timeout=30)
+        self.consumer.incremental_assign([TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0
+                                                         else OFFSET_BEGINNING) for tp in committed])
+        self.assigned.update(fresh)
+
+    def _route(self, route: Route, batch: list[Message]) -> int:
+        """Compensate one version's results for each query it serves and produce them."""
+        commits = [m for m in batch if m.topic() == route.job.commits_topic]
+        for m in commits:
+            commit = decode_commit(m.value())
+            if isinstance(commit, BatchCommit):
+                route.watermarks[commit.group] = max(route.watermarks.get(commit.group, NO_TIME), commit.watermark)
+        values = [m.value() for m in batch if m.topic() == route.job.results_topic]
+        if not values:
+            return 0
+        decoded = decode_results(route.layout, "blocks", values)
+        if decoded.rejects:  # the router's own input: written by a version it deployed
+            log.error("unreadable operator results", version=route.job.job, rejects=len(decoded.rejects))
+        columns = decoded.columns
+        if not len(columns[EVENT_TIME]):
+            return 0
+        route.newest = max(route.newest, int(columns[EVENT_TIME].max()))
+        written = 0
+        for query, (lo, hi) in route.segments.items():
+            target = self.targets[query]
+            mask = compensation_mask(columns, target.compensation, lo, hi)
+            if mask.any():
+                written += self._produce(target, Block({k: v[mask] for k, v in columns.items()}))
+        return written
+
+    def _produce(self, target: Target, results: Block) -> int:
+        values = encode_json(target.layout, results)
+        partitions = (results[RESULT_ID_HI] % np.uint64(target.partitions)).astype(np.int64).tolist()
+        for value, partition in zip(values, partitions):
+            self.producer.produce(target.sink, value=value, partition=partition)
+        return len(values)
+
+    def _commit(self) -> None:
+        positions = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
+        self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(), 30)
+        self.producer.commit_transaction(60)
+
+    def _retire(self) -> None:
+        """Retire versions that have nothing left to serve once their results are read to the end."""
+        for name, route in list(self.routes.items()):
+            if not route.segments or not route.finished():
+                continue
+            results = [(route.job.results_topic, g) for g in range(route.job.partitions)]
+            if route.retire_at is None:
+                try:
+                    ends = kafka.end_offsets(self.cluster, results, f"{self.group}-ends", timeout_s=10)
+                except (KafkaException, TimeoutError):
+                    continue  # the broker is slow: the next cycle asks again
+                route.retire_at = {p: end for (_, p), end in ends.items()}
+            read = {tp.partition: tp.offset for tp in self.consumer.position(
+                [TopicPartition(t, p) for t, p in results])}
+            if all(read.get(p, -1) >= end for p, end in route.retire_at.items() if end > 0):
+                self._unassign(route)
+                del self.routes[name]
+                self.assigned.discard(name)
+                log.info("version retired", version=name)
+                self.on_retired(name)
+
+    def _unassign(self, route: Route) -> None:
+        self.consumer.incremental_unassign([TopicPartition(topic, g) for topic in
+                                            (route.job.results_topic, route.job.commits_topic)
+                                            for g in range(route.job.partitions)])

@@ -1,0 +1,92 @@
+"""The query service's runtime parts without a broker: an operator version as a hash job,
+registry records, the source filter every version's intake applies, the source index."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamjoin.engine.block import system_block
+from streamjoin.schemas.query import Column, Selection
+from streamjoin.services.queries.deploy import version_job
+from streamjoin.services.queries.registry import VersionRecord, version_from_json, version_to_json
+from streamjoin.services.queries.source_index import SourceIndex
+from streamjoin.services.worker.intake import source_filter
+from streamjoin.settings import SettingsError, StreamSpec, load
+from streamjoin.topology.reuse.operator import OperatorDef
+
+FLIGHTS = {"name": "flights", "topic": "qs.flights", "fields": {"num": "str", "carrier": "str", "terminal": "str",
+                                                                 "ts": "int"},
+           "time_field": "ts", "key_fields": ["num"], "window": {"range_ms": 10_000}}
+CHECKINS = {"name": "checkins", "topic": "qs.checkins", "fields": {"flight": "str", "status": "str", "seats": "int",
+                                                                   "ts": "int"},
+            "time_field": "ts", "key_fields": ["flight"], "window": {"range_ms": 10_000}}
+
+
+def service_job():  # type: ignore[no-untyped-def]
+    return load(None, job="qs", bootstrap="127.0.0.1:1", partitions=2, streams=[FLIGHTS, CHECKINS],
+                queries={"regions": ["east", "west"], "operator_partitions": 3})
+
+
+def operator() -> OperatorDef:
+    return OperatorDef(
+        sources=("checkins", "flights"),
+        join_classes=frozenset({frozenset({Column("flights", "num"), Column("checkins", "flight")})}),
+        selections=(Selection(Column("flights", "carrier"), frozenset({"DL", "CO"})),),
+        columns=(Column("checkins", "status"), Column("flights", "carrier")),
+        range_ms=(("checkins", 5_000), ("flights", 2_000)), slide_ms=1_000, expires_ms=None, region="west")
+
+
+def test_an_operator_version_is_a_hash_job_reading_only_what_it_needs() -> None:
+    job = version_job(service_job(), "op-1", 2, operator(), {"qs.flights": {0: 5, 1: 7}})
+    streams = {s.name: s for s in job.streams}
+    assert job.job == "qs-op-1-v2" and job.join.mode == "hash" and job.partitions == 3
+    assert job.output.format == "blocks" and job.worker.region == "west"
+    # projected (plus key and time), filtered by the cover, keyed by the join class, windowed by the operator
+    assert streams["flights"].fields == {"num": "str", "carrier": "str", "ts": "int"}
+    assert streams["checkins"].fields == {"flight": "str", "status": "str", "ts": "int"}
+    assert streams["flights"].where == {"carrier": ["CO", "DL"]} and streams["checkins"].where == {}
+    assert streams["flights"].key_fields == ["num"] and streams["checkins"].key_fields == ["flight"]
+    assert (streams["flights"].window.range_ms, streams["checkins"].window.range_ms) == (2_000, 5_000)
+    assert job.topic_of(streams["flights"]) == "qs.flights"
+    assert job.start_offset("qs.flights", 1) == 7 and job.start_offset("qs.checkins", 0) == 0
+
+
+def test_a_version_record_reads_back_as_written() -> None:
+    record = VersionRecord("qs-op-1-v2", "op-1", 2, operator(), {"qs.flights": {0: 5}},
+                           {"q-1": (100, 200), "q-2": (200, None)}, retired=False)
+    assert version_from_json(version_to_json(record)) == record
+
+
+def test_the_source_filter_keeps_only_listed_values() -> None:
+    spec = StreamSpec.model_validate(FLIGHTS | {"where": {"carrier": ["DL", "CO"], "terminal": ["A"]}})
+    carriers = np.array(["DL", "UA", "CO", "DL", "AA"])
+    terminals = np.array(["A", "A", "A", "B", "A"])
+    n = len(carriers)
+    block = system_block(np.zeros(n, np.int64), np.arange(n, dtype=np.int64), np.zeros(n, np.int32),
+                         np.arange(n, dtype=np.int64), np.zeros(n, np.int64),
+                         {"num": np.array(["F1"] * n), "carrier": carriers, "terminal": terminals,
+                          "ts": np.arange(n, dtype=np.int64)})
+    assert source_filter(spec, block).tolist() == [True, False, True, False, False]
+
+
+@pytest.mark.parametrize("where, fragment", [
+    ({"gate": ["1"]}, "not among fields"),
+    ({"carrier": []}, "lists no values"),
+    ({"carrier": [1]}, "do not fit their field types"),
+    ({"ts": ["x"]}, "do not fit their field types"),
+])
+def test_a_bad_source_filter_is_refused_at_start(where: dict, fragment: str) -> None:
+    with pytest.raises(SettingsError, match=fragment):
+        load(None, job="qs", bootstrap="127.0.0.1:1", streams=[FLIGHTS | {"where": where}, CHECKINS])
+
+
+def test_the_source_index_answers_the_newest_sample_not_after_a_time() -> None:
+    index = SourceIndex.__new__(SourceIndex)
+    index.capacity, index.times, index.samples = 4, [], []
+    for wall_ms in (100, 200, 300, 400):
+        index.times.append(wall_ms)
+        index.samples.append({"t": {0: wall_ms // 10}})
+    assert index.offsets_before(99) == {}
+    assert index.offsets_before(250) == {"t": {0: 20}}
+    assert index.offsets_before(10_000) == {"t": {0: 40}}
