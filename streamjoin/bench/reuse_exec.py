@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamjoin.engine.block import SYSTEM_COLUMNS, TS, Block, KEY, concat
+from streamjoin.engine.block import KEY, SYSTEM_COLUMNS, TS, Block, concat
 from streamjoin.engine.result_ids import RESULT_ID_HI, RESULT_ID_LO, fmix, mix
 from streamjoin.engine.window_join import JoinPlan, empty_window, process_batch
 from streamjoin.schemas.codecs import decode_json, join_keys
@@ -44,11 +44,11 @@ from streamjoin.topology.reuse.operator import OperatorDef
 @dataclass(frozen=True)
 class Inputs:
     """The produced workload read back once: per stream a block of the catalog's fields sorted
-    by event time, its topic's bytes (keys and values), the CPU seconds its JSON decoding took,
-    and the event-time span [t0_ms, t1_ms) of all streams."""
+    by event time and each tuple's record bytes on the topic (key and value) in the same order,
+    the CPU seconds its JSON decoding took, and the event-time span [t0_ms, t1_ms) of all streams."""
 
     blocks: dict[str, Block]
-    topic_bytes: dict[str, int]
+    record_bytes: dict[str, np.ndarray]
     decode_cpu_s: dict[str, float]
     t0_ms: int
     t1_ms: int
@@ -56,6 +56,15 @@ class Inputs:
     @property
     def tuples(self) -> dict[str, int]:
         return {name: len(block) for name, block in self.blocks.items()}
+
+    @property
+    def topic_bytes(self) -> dict[str, int]:
+        return {name: int(sizes.sum()) for name, sizes in self.record_bytes.items()}
+
+    def bytes_from(self, stream: str, from_ms: int) -> int:
+        """Bytes of `stream`'s records whose event time is at or after `from_ms`."""
+        start = np.searchsorted(self.blocks[stream][TS], from_ms)
+        return int(self.record_bytes[stream][start:].sum())
 
 
 def read_inputs(job: JobSettings, cluster: kafka.Cluster) -> Inputs:
@@ -68,7 +77,7 @@ def read_inputs(job: JobSettings, cluster: kafka.Cluster) -> Inputs:
         records = kafka.read_partitions(cluster, topic, dict.fromkeys(range(job.partitions), 0),
                                         f"{job.consumer_group}-bench-reuse")
         values = [m.value() for m in records]
-        sizes[spec.name] = sum(map(len, values)) + sum(len(m.key() or b"") for m in records)
+        record_sizes = np.array([len(v) + len(m.key() or b"") for v, m in zip(values, records)], np.int64)
         began = time.process_time()
         decoded = decode_json(spec, values, np.array([m.partition() for m in records], np.int32),
                               np.array([m.offset() for m in records], np.int64),
@@ -76,8 +85,9 @@ def read_inputs(job: JobSettings, cluster: kafka.Cluster) -> Inputs:
         decode_s[spec.name] = time.process_time() - began
         if decoded.rejects:
             raise ValueError(f"{len(decoded.rejects)} records of {topic} do not decode: {decoded.rejects[0].detail}")
-        block = decoded.block
-        blocks[spec.name] = block.take(np.argsort(block[TS], kind="stable"))
+        order = np.argsort(decoded.block[TS], kind="stable")
+        blocks[spec.name] = decoded.block.take(order)
+        sizes[spec.name] = record_sizes[decoded.records][order]
     t0 = min(int(b[TS].min()) for b in blocks.values() if len(b))
     t1 = max(int(b[TS].max()) for b in blocks.values() if len(b)) + 1
     return Inputs(blocks, sizes, decode_s, t0, t1)
@@ -104,7 +114,8 @@ class KeyCache:
 
 @dataclass(frozen=True)
 class OperatorRun:
-    """One operator's results over the whole input and the CPU seconds its join took."""
+    """One operator's results over the whole input, the CPU seconds its batches from the
+    measured instant on took, and the tuples its source filter let in (all of them)."""
 
     results: Block
     cpu_s: float
@@ -130,25 +141,30 @@ def operator_inputs(job: JobSettings, inputs: Inputs, keys: KeyCache) -> list[Bl
 
 
 def run_operator(service: JobSettings, op_id: str, op: OperatorDef, inputs: Inputs, keys: KeyCache,
-                 batch_ms: int) -> OperatorRun:
-    """Run operator `op_id` (definition `op`) over the whole input; CPU seconds from source filter to results.
+                 batch_ms: int, measured_from_ms: int | None = None) -> OperatorRun:
+    """Run operator `op_id` (definition `op`) over the whole input, a batch of `batch_ms` event
+    time at a time: its source filter, then the join. CPU seconds count the batches starting at
+    or after `measured_from_ms` (None: all), so a caller can leave out windows filling up.
 
-    service: the query service's settings (the catalog); batch_ms: event time per batch."""
+    service: the query service's settings (the catalog)."""
     job, plan = operator_plan(service, op_id, op)
     sources = operator_inputs(job, inputs, keys)
-    began = time.process_time()
-    sources = [block.filter(source_filter(spec, block)) for spec, block in zip(job.streams, sources)]
     window = empty_window(plan, [block.take(np.empty(0, np.int64)) for block in sources])
     edges = np.arange(inputs.t0_ms, inputs.t1_ms + batch_ms, batch_ms, dtype=np.int64)
     cuts = [np.searchsorted(block[TS], edges) for block in sources]
-    parts = []
+    measured_from = inputs.t0_ms if measured_from_ms is None else measured_from_ms
+    parts, cpu_s, admitted = [], 0.0, 0
     for b in range(len(edges) - 1):
+        began = time.process_time()
         deltas = [_rows(block, int(cut[b]), int(cut[b + 1])) for block, cut in zip(sources, cuts)]
+        deltas = [delta.filter(source_filter(spec, delta)) for spec, delta in zip(job.streams, deltas)]
         outcome = process_batch(plan, window, deltas, now_ms=int(edges[b + 1]))
+        if edges[b] >= measured_from:
+            cpu_s += time.process_time() - began
+        admitted += sum(len(delta) for delta in deltas)
         if len(outcome.results) or not parts:  # the first keeps the columns of an empty run
             parts.append(outcome.results)
-    results = concat(parts)
-    return OperatorRun(results, time.process_time() - began, sum(len(b) for b in sources))
+    return OperatorRun(concat(parts), cpu_s, admitted)
 
 
 def _rows(block: Block, lo: int, hi: int) -> Block:

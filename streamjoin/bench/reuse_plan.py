@@ -95,7 +95,6 @@ def planning_figures(planned: Planned, deploy_s: float) -> dict:
     }
 
 
-
 def planning_at_scale(job: JobSettings, stats: Statistics, operators: int, probes: int, at_ms: int) -> dict:
     """Per strategy, plan() wall ms of the first `probes` benchmark queries with `operators`
     operators registered: distinct operators made by registering that many other template

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamjoin.bench.reuse import digest_check
+from streamjoin.bench.reuse import Joined, RunCache, Served, digest_check
 from streamjoin.bench.reuse_exec import Inputs, KeyCache, compare, compensate, digest, measure_statistics, run_operator
 from streamjoin.bench.reuse_plan import STRATEGIES, plan_all, planning_at_scale, planning_figures, registrations
 from streamjoin.engine.block import Block
@@ -21,7 +21,7 @@ from streamjoin.schemas.query import Registration
 from streamjoin.services.queries.templates import LIFETIMES_S, RANGES_MIN, SLIDES_MIN, generate_queries
 from streamjoin.services.spark.sources import _check_formats
 from streamjoin.services.workloads import (AIRLINE_FIELDS, CARRIER_CODES, airline_stream, carrier_shares,
-                                           flight_catalogue, generate)
+                                           flight_catalogue, generate, json_values)
 from streamjoin.settings import JobSettings, SettingsError, load
 from streamjoin.topology.reuse.compensation import compensation
 from streamjoin.topology.reuse.operator import for_query, relax
@@ -209,13 +209,14 @@ def test_template_carriers_must_exist() -> None:
 
 def small_inputs(job: JobSettings, seconds: int) -> Inputs:
     """`seconds` of the workload as the benchmark's read-back blocks, offsets running per stream."""
-    blocks = {}
+    blocks, sizes = {}, {}
     for i, spec in enumerate(job.streams):
         cols = columns(job, i, seconds * 1000, seed=11)
         n = len(cols["ts"])
         blocks[spec.name] = table_to_block(spec, pa.table(cols), np.arange(n, dtype=np.int32) % 3,
                                            np.arange(n, dtype=np.int64), cols["ts"])
-    return Inputs(blocks, dict.fromkeys(blocks, 0), dict.fromkeys(blocks, 0.0), T0, T0 + seconds * 1000)
+        sizes[spec.name] = np.strings.str_len(json_values(spec, cols)).astype(np.int64)
+    return Inputs(blocks, sizes, dict.fromkeys(blocks, 0.0), T0, T0 + seconds * 1000)
 
 
 def registration(job: JobSettings, text: str, number: int) -> Registration:
@@ -345,3 +346,20 @@ def test_strategies_plan_the_same_queries(job: JobSettings) -> None:
                                                                  + 0.5 * figures["deployments"], abs=1e-3)
     served = sorted(q for state in relaxed.planner.operators().values() for q in state.queries)
     assert served == sorted(r.id for r in regs)
+
+
+def test_run_cache_holds_only_complete_runs(job: JobSettings) -> None:
+    """An operator is run again unless every one of its queries was served, and a sampled
+    query's output kept."""
+    reg = registration(job, "SELECT flights.num FROM flights [RANGE 5 MIN], checkins [RANGE 5 MIN] "
+                            "WHERE flights.num = checkins.flight", 5)
+    op = for_query(reg, "us-east")
+    cache = RunCache()
+    assert not cache.holds(op, ["q-5"], frozenset())
+    cache.joined[op] = Joined(0.1, 10, 3)
+    cache.served[(op, "q-5")] = Served(3, 100, (3, 7), 0.0, None)
+    assert cache.holds(op, ["q-5"], frozenset())
+    assert not cache.holds(op, ["q-5", "q-6"], frozenset()), "q-6 was never served"
+    assert not cache.holds(op, ["q-5"], frozenset({"q-5"})), "a sampled query needs its output"
+    assert not cache.holds(relax(op, registration(job, reg.text.replace("5 MIN]", "10 MIN]", 1), 6)), ["q-5"],
+                           frozenset())
