@@ -117,12 +117,14 @@ class Router:
         self.consumer = cluster.consumer(self.group)
         self.producer = cluster.producer(f"{service.job}-queries-router")
         self.assigned: set[str] = set()
+        self.version_of: dict[str, str] = {}  # results or commits topic -> the version writing it
         self.routed = 0  # results written to sinks since start
 
     # ------------------------------------------------------------ the table
     def add_version(self, job: JobSettings) -> None:
         """Start reading operator version `job` (its results and batch commits)."""
         self.routes.setdefault(job.job, Route(job, result_layout(job)))
+        self.version_of.update({job.results_topic: job.job, job.commits_topic: job.job})
 
     def serve(self, version: str, query: str, lo: int, hi: int | None) -> None:
         """Serve `query` from `version` for results with lo <= T < hi."""
@@ -154,7 +156,7 @@ class Router:
         by_version: dict[str, list[Message]] = {}
         for m in messages:
             if m.error() is None:
-                by_version.setdefault(self._version_of(m.topic()), []).append(m)
+                by_version.setdefault(self.version_of[m.topic()], []).append(m)
         written = 0
         if messages:
             self.producer.begin_transaction()
@@ -164,10 +166,6 @@ class Router:
         self.routed += written
         self._retire()
         return written
-
-    def _version_of(self, topic: str) -> str:
-        return next(name for name, route in self.routes.items()
-                    if topic in (route.job.results_topic, route.job.commits_topic))
 
     def _assign(self) -> None:
         """Assign the partitions of versions not read yet, from this router's committed offsets."""

@@ -61,12 +61,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from streamjoin.bench import report
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.reuse_exec import (Inputs, KeyCache, compare, compensate, digest, measure_statistics,
-                                         read_inputs, run_operator, sink_bytes, sink_layout)
+                                         read_inputs, run_operator, sink_bytes)
 from streamjoin.bench.reuse_plan import (SEED, STRATEGIES, Planned, operator_deploy_seconds, plan_all,
                                          planning_at_scale, planning_figures, registrations)
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import EVENT_TIME
 from streamjoin.schemas.query import Registration
+from streamjoin.services.queries.router import sink_layout
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
 from streamjoin.topology.reuse.compensation import compensation
@@ -311,7 +312,7 @@ def join_and_serve(run: Run, planner: Planner, op_id: str, op: OperatorDef, quer
         # Exactness covers every result, the warm-up's too.
         out = compensate(joined.results, planner.compensation(query_id), reg.start_ms, reg.end_ms)
         run.cache.served[(op, query_id)] = Served(
-            len(measured), sink_bytes(sink_layout(run.job, reg), measured),
+            len(measured), sink_bytes(sink_layout(run.job, reg.query, reg.id), measured),
             digest(out, [str(c) for c in reg.query.columns]), spent, out if query_id in run.sample else None)
 
 

@@ -29,8 +29,7 @@ from streamjoin.engine.block import KEY, SYSTEM_COLUMNS, TS, Block, concat
 from streamjoin.engine.result_ids import RESULT_ID_HI, RESULT_ID_LO, fmix, mix
 from streamjoin.engine.window_join import JoinPlan, empty_window, process_batch
 from streamjoin.schemas.codecs import decode_json, join_keys
-from streamjoin.schemas.query import Registration
-from streamjoin.schemas.result_codec import ResultLayout, StreamLayout, json_documents
+from streamjoin.schemas.result_codec import ResultLayout, json_documents
 from streamjoin.services import kafka
 from streamjoin.services.queries.deploy import version_job
 from streamjoin.services.worker.intake import source_filter
@@ -174,19 +173,6 @@ def _rows(block: Block, lo: int, hi: int) -> Block:
 def compensate(results: Block, comp: Compensation, start_ms: int, end_ms: int | None) -> Block:
     """The rows of an operator's `results` that are the query's results (`compensation_mask`)."""
     return results.filter(compensation_mask(results.columns, comp, start_ms, end_ms))
-
-
-def sink_layout(service: JobSettings, reg: Registration) -> ResultLayout:
-    """The layout of `reg`'s sink records: its sources in FROM order, each with its SELECT
-    fields (as the query service writes them)."""
-    catalog = {s.name: s for s in service.streams}
-    streams = []
-    for window in reg.query.windows:
-        spec = catalog[window.stream]
-        fields = tuple((c.field, spec.fields[c.field]) for c in reg.query.columns if c.stream == window.stream)
-        streams.append(StreamLayout(spec.name, service.topic_of(spec), spec.format == "blocks", fields,
-                                    spec.time_field, ()))
-    return ResultLayout(reg.id, "hash", tuple(streams))
 
 
 def sink_bytes(layout: ResultLayout, results: Block) -> int:
