@@ -26,10 +26,23 @@ class BrokerError(RuntimeError):
     pass
 
 
+_ISSUED_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and never handed out before by this process.
+
+    The kernel readily gives the same ephemeral port to two binds in a row once
+    the first socket is closed; a fleet asks for several ports before any
+    service binds its own, so a repeat would make two services collide.
+    """
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port not in _ISSUED_PORTS:
+            _ISSUED_PORTS.add(port)
+            return port
 
 
 @dataclass

@@ -9,7 +9,6 @@ against its own OpenAPI document (tests/unit/queries_api_fuzz.py).
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from streamjoin.cli import app as cli, default_job_file
+from streamjoin.services.broker import free_port
 from streamjoin.services.queries import api
 from streamjoin.services.queries.api import (
     MAX_BODY_BYTES, MAX_LIFETIME_S, MAX_SQL_CHARS, QueryRejected, RegisterRequest, create_app,
@@ -402,17 +402,11 @@ def test_fuzzing_catches_a_broken_service(broken: type[FakeQueryService], error:
 # ------------------------------------------------------------------ client
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _serve:
     """Serve `app` with uvicorn on a loopback port in a thread; the context's value is its URL."""
 
     def __init__(self, app: object) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -473,7 +467,7 @@ def test_client_refuses_what_the_server_would_before_sending() -> None:
 
 def test_client_unreachable_and_5xx_are_unavailable() -> None:
     with pytest.raises(ServiceUnavailable, match="did not answer"):
-        QueryClient(f"http://127.0.0.1:{_free_port()}", timeout_s=2).list()
+        QueryClient(f"http://127.0.0.1:{free_port()}", timeout_s=2).list()
     failing = httpx.MockTransport(lambda r: httpx.Response(500, json={"error": "internal", "detail": None}))
     with pytest.raises(ServiceUnavailable, match="failed \\(500\\): internal"):
         QueryClient("http://q", transport=failing).list()
@@ -525,7 +519,7 @@ def test_cli_explain_needs_sql_with_a_sink_or_an_id(args: list[str]) -> None:
 
 
 def test_cli_unreachable_service_exits_1() -> None:
-    answer = runner.invoke(cli, ["query", "list", "--url", f"http://127.0.0.1:{_free_port()}"])
+    answer = runner.invoke(cli, ["query", "list", "--url", f"http://127.0.0.1:{free_port()}"])
     assert answer.exit_code == 1 and "is `streamjoin queries` running?" in answer.stderr
 
 
