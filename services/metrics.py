@@ -51,8 +51,9 @@ class BlockHistogram(Collector):
 TUPLES_IN = Counter("streamjoin_tuples_in", "Input tuples accepted into the join", ["stream"], registry=REGISTRY)
 RESULTS_OUT = Counter("streamjoin_results_out", "Join results produced", registry=REGISTRY)
 DEAD_LETTER = Counter("streamjoin_dead_letter", "Records sent to the dead-letter topic", ["reason"], registry=REGISTRY)
-FILTERED = Counter("streamjoin_filtered_tuples", "Tuples outside their stream's source filter (`where`), skipped "
-                   "before the join", ["stream"], registry=REGISTRY)
+FILTERED = Counter("streamjoin_filtered_tuples", "Tuples skipped before the join: outside their stream's source "
+                   "filter (reason where) or older than join.start_event_ms (reason before_start)",
+                   ["stream", "reason"], registry=REGISTRY)
 STATE_BYTES = Gauge("streamjoin_window_state_bytes", "Window state bytes per partition group", ["group"],
                     registry=REGISTRY)
 STATE_TUPLES = Gauge("streamjoin_window_state_tuples", "Window tuples per partition group", ["group"],

@@ -171,6 +171,11 @@ class JoinSpec(_Strict):
         description="hash mode: source topic -> partition -> the offset a group with no checkpoint starts "
                     "reading at (default: the beginning). The query service starts an operator version this "
                     "way, about a window before its switch barrier (a window-bounded backfill)")
+    start_event_ms: int | None = Field(
+        default=None,
+        description="hash mode: tuples with an event time before this are skipped before the join (counted in "
+                    "streamjoin_filtered_tuples{reason=before_start}): no result the job is read for can hold "
+                    "them. The query service sets it on an operator version: its barrier minus its longest RANGE")
     max_future_ms: int | None = Field(
         default=300_000, ge=0,
         description="a record whose event time is more than this ahead of the worker's clock is dead-lettered "
@@ -275,6 +280,11 @@ class QueriesSpec(_Strict):
     barrier_delay_ms: int = Field(
         default=1_000, ge=0,
         description="a switch's event-time barrier lies at least this far past the newest result routed")
+    catchup_ms: int = Field(
+        default=30_000, ge=0,
+        description="how long after its barrier a new operator version may still be starting and reading its "
+                    "backfill; its allowed lateness is the job's plus its longest RANGE plus this, so that records "
+                    "it re-routes during the backfill are not late")
 
     @model_validator(mode="after")
     def _regions(self) -> "QueriesSpec":

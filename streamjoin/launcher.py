@@ -97,15 +97,23 @@ class Fleet:
         proc.send_signal(sig)
         proc.wait(30)
 
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            proc = self.procs.pop(name)
+    def terminate_all(self) -> None:
+        """Ask every running service to stop (SIGTERM), without waiting."""
+        for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+
+    def stop_all(self, wait_s: float = 20.0) -> None:
+        """Stop every service: SIGTERM to all at once, SIGKILL to those still up after `wait_s`."""
+        self.terminate_all()
+        deadline = time.monotonic() + wait_s
+        for name in list(self.procs):
+            proc = self.procs.pop(name)
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
     def supervise(self) -> None:
         """Restart services that exited on their own (called from the waiting loops), as
@@ -291,5 +299,7 @@ class FleetDeployer:
             fleet.supervise()
 
     def close(self) -> None:
+        for fleet in self.fleets.values():  # all at once: the service's own grace period is short
+            fleet.terminate_all()
         for name in list(self.fleets):
             self.stop(name)

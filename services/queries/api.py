@@ -62,7 +62,7 @@ class RegisterRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    sql: str = Field(min_length=1, max_length=MAX_SQL_CHARS,
+    sql: str = Field(min_length=1, max_length=MAX_SQL_CHARS, json_schema_extra={"format": "cql"},
                      description="the continuous query: SELECT cols FROM s [RANGE n unit SLIDE m unit], ... WHERE ...")
     sink: str = Field(min_length=1, max_length=249, pattern=SINK_PATTERN,
                       description="the Kafka topic its results go to (Kafka's topic name rules)")

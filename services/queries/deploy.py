@@ -37,12 +37,28 @@ def _operator_stream(catalog: StreamSpec, service: JobSettings, op: OperatorDef)
     })
 
 
+def backfill_lateness(service: JobSettings, op: OperatorDef) -> int:
+    """The allowed lateness of a version of `op`: the job's, plus its longest RANGE, plus
+    `queries.catchup_ms`.
+
+    A version starts on a backlog. Its groups read the records already in their partition at
+    once, and the records they must re-route (a source not keyed the way the operator joins)
+    a cycle later, behind a watermark the backlog has run up to the catch-up time C. The
+    records that matter are those that can still join a result at or after the barrier B:
+    event time >= B - longest RANGE. With C <= B + catchup_ms, this lateness keeps every one
+    of them (older ones are skipped as before its start, `join.start_event_ms`). The price is
+    state: the window is kept for this much longer."""
+    longest = max(ms for _, ms in op.range_ms)
+    return service.join.allowed_lateness_ms + longest + service.queries.catchup_ms
+
+
 def version_job(service: JobSettings, operator: str, version: int, op: OperatorDef,
-                start_offsets: Offsets) -> JobSettings:
+                start_offsets: Offsets, start_event_ms: int | None = None) -> JobSettings:
     """The hash-mode job settings of `operator`'s `version` with definition `op`.
 
     `service`: the query service's settings (catalog streams, Kafka, `queries:`);
-    `start_offsets`: where its groups start reading the sources."""
+    `start_offsets`: where its groups start reading the sources; `start_event_ms`: the event
+    time its tuples are skipped below (the backfill reads from before it)."""
     name = version_job_name(service.job, operator, version)
     catalog = {s.name: s for s in service.streams}
     streams = [_operator_stream(catalog[s], service, op) for s in op.sources]
@@ -55,7 +71,9 @@ def version_job(service: JobSettings, operator: str, version: int, op: OperatorD
         "streams": [s.model_dump(mode="json") for s in streams],
         "output": {"format": "blocks"},
     })
-    data["join"] = data["join"] | {"mode": "hash", "start_offsets": start_offsets, "predicate": []}
+    data["join"] = data["join"] | {"mode": "hash", "start_offsets": start_offsets, "predicate": [],
+                                   "allowed_lateness_ms": backfill_lateness(service, op),
+                                   "start_event_ms": start_event_ms}
     data["worker"] = data["worker"] | {"state_dir": str(Path(service.worker.state_dir) / name),
                                        "region": op.region}
     data["coordinator"] = data["coordinator"] | {"expected_workers": service.queries.operator_workers}

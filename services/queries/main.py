@@ -12,6 +12,7 @@ from streamjoin.services import kafka
 from streamjoin.services.queries.api import create_app
 from streamjoin.services.queries.deploy import Deployer
 from streamjoin.services.queries.service import ReuseService
+from streamjoin.services.shutdown import StopFlag
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("queries")
@@ -28,6 +29,10 @@ def serve(settings: JobSettings, cluster: kafka.Cluster, deployer: Deployer) -> 
     loop = threading.Thread(target=service.run, args=(stop,), name="queries-loop", daemon=True)
     loop.start()
     log.info("query service up", host=settings.queries.host, port=settings.queries.port)
+    # uvicorn takes SIGTERM/SIGINT while it serves, and on its way out raises the signal again
+    # against the handler it found: with Python's default one the process would die there,
+    # before the `finally` below stops the operator versions the deployer started.
+    StopFlag().install()
     try:
         uvicorn.run(create_app(service), host=settings.queries.host, port=settings.queries.port, log_level="warning")
     finally:

@@ -31,7 +31,8 @@ QUERY, VERSION = "query/", "version/"
 class VersionRecord:
     """One operator version: `job` (its job name), `operator`, `version`, `definition`,
     `start_offsets` (source topic -> partition -> offset), `segments` (query -> [lo, hi)),
-    `retired`."""
+    `retired`, `start_event_ms` (the event time before which its tuples cannot matter:
+    its first barrier minus its longest RANGE; None: keep all)."""
 
     job: str
     operator: str
@@ -40,6 +41,7 @@ class VersionRecord:
     start_offsets: dict[str, dict[int, int]]
     segments: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     retired: bool = False
+    start_event_ms: int | None = None
 
 
 def _column(text: str) -> Column:
@@ -64,7 +66,8 @@ def operator_from_json(data: dict[str, Any]) -> OperatorDef:
 def version_to_json(record: VersionRecord) -> dict[str, Any]:
     return {"job": record.job, "operator": record.operator, "version": record.version,
             "definition": record.definition.to_json(), "start_offsets": record.start_offsets,
-            "segments": {q: list(seg) for q, seg in record.segments.items()}, "retired": record.retired}
+            "segments": {q: list(seg) for q, seg in record.segments.items()}, "retired": record.retired,
+            "start_event_ms": record.start_event_ms}
 
 
 def version_from_json(data: dict[str, Any]) -> VersionRecord:
@@ -72,7 +75,8 @@ def version_from_json(data: dict[str, Any]) -> VersionRecord:
         job=data["job"], operator=data["operator"], version=data["version"],
         definition=operator_from_json(data["definition"]),
         start_offsets={t: {int(p): o for p, o in parts.items()} for t, parts in data["start_offsets"].items()},
-        segments={q: (lo, hi) for q, (lo, hi) in data["segments"].items()}, retired=data["retired"])
+        segments={q: (lo, hi) for q, (lo, hi) in data["segments"].items()}, retired=data["retired"],
+        start_event_ms=data.get("start_event_ms"))  # absent in records written before it existed
 
 
 class Registry:

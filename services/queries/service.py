@@ -191,7 +191,8 @@ class ReuseService:
         longest = max(ms for _, ms in definition.range_ms)
         reach = barrier - longest - self.settings.join.allowed_lateness_ms - self.spec.backfill_margin_ms
         name = version_job_name(self.settings.job, operator, number)
-        fresh = VersionRecord(name, operator, number, definition, self.index.offsets_before(reach))
+        fresh = VersionRecord(name, operator, number, definition, self.index.offsets_before(reach),
+                              start_event_ms=barrier - longest)
         if old:
             for query, (lo, hi) in list(old.segments.items()):
                 if hi is None or hi > barrier:
@@ -210,7 +211,8 @@ class ReuseService:
         self.current[operator] = name
 
     def _version_job(self, record: VersionRecord) -> JobSettings:
-        return version_job(self.settings, record.operator, record.version, record.definition, record.start_offsets)
+        return version_job(self.settings, record.operator, record.version, record.definition, record.start_offsets,
+                           record.start_event_ms)
 
     def _run_version(self, record: VersionRecord) -> None:
         job = self._version_job(record)

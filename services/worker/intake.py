@@ -230,8 +230,12 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
             block, record = block.filter(~ahead), record[~ahead]
     if spec.where and len(block):
         outside = ~source_filter(spec, block)
-        metrics.FILTERED.labels(spec.name).inc(int(outside.sum()))
+        metrics.FILTERED.labels(spec.name, "where").inc(int(outside.sum()))
         block, record = block.filter(~outside), record[~outside]
+    if job.join.start_event_ms is not None and len(block):
+        before = block[TS] < job.join.start_event_ms
+        metrics.FILTERED.labels(spec.name, "before_start").inc(int(before.sum()))
+        block, record = block.filter(~before), record[~before]
     groups = np.asarray(buf.groups, np.int64)[record]
     rerouted = np.asarray(buf.rerouted, bool)[record]
     forwards: list[Forward] = []

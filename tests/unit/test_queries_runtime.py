@@ -38,7 +38,7 @@ def operator() -> OperatorDef:
 
 
 def test_an_operator_version_is_a_hash_job_reading_only_what_it_needs() -> None:
-    job = version_job(service_job(), "op-1", 2, operator(), {"qs.flights": {0: 5, 1: 7}})
+    job = version_job(service_job(), "op-1", 2, operator(), {"qs.flights": {0: 5, 1: 7}}, start_event_ms=1234)
     streams = {s.name: s for s in job.streams}
     assert job.job == "qs-op-1-v2" and job.join.mode == "hash" and job.partitions == 3
     assert job.output.format == "blocks" and job.worker.region == "west"
@@ -50,12 +50,17 @@ def test_an_operator_version_is_a_hash_job_reading_only_what_it_needs() -> None:
     assert (streams["flights"].window.range_ms, streams["checkins"].window.range_ms) == (2_000, 5_000)
     assert job.topic_of(streams["flights"]) == "qs.flights"
     assert job.start_offset("qs.flights", 1) == 7 and job.start_offset("qs.checkins", 0) == 0
+    # lateness covers the backfill: the job's 2 s default + the longest RANGE + queries.catchup_ms
+    assert job.join.allowed_lateness_ms == 2_000 + 5_000 + 30_000 and job.join.start_event_ms == 1234
 
 
 def test_a_version_record_reads_back_as_written() -> None:
     record = VersionRecord("qs-op-1-v2", "op-1", 2, operator(), {"qs.flights": {0: 5}},
-                           {"q-1": (100, 200), "q-2": (200, None)}, retired=False)
+                           {"q-1": (100, 200), "q-2": (200, None)}, retired=False, start_event_ms=95)
     assert version_from_json(version_to_json(record)) == record
+    older = version_to_json(record)
+    del older["start_event_ms"]  # a record written before the field existed keeps every tuple
+    assert version_from_json(older).start_event_ms is None
 
 
 def test_the_source_filter_keeps_only_listed_values() -> None:
@@ -87,6 +92,6 @@ def test_the_source_index_answers_the_newest_sample_not_after_a_time() -> None:
     for wall_ms in (100, 200, 300, 400):
         index.times.append(wall_ms)
         index.samples.append({"t": {0: wall_ms // 10}})
-    assert index.offsets_before(99) == {}
     assert index.offsets_before(250) == {"t": {0: 20}}
     assert index.offsets_before(10_000) == {"t": {0: 40}}
+    # before every sample it searches the record timestamps (tests/integration/test_source_index.py)
