@@ -317,8 +317,13 @@ def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
 def read_ipc(value: bytes) -> pa.Table:
     """The table of one Arrow IPC stream record, fully validated: a damaged record can read
     without error yet hold invalid UTF-8 or offsets, which would crash a later conversion.
-    Raises pa.ArrowException (OSError for some damage) on a bad record."""
-    table = pa.ipc.open_stream(value).read_all()
+    Raises pa.ArrowException (OSError for some damage) on a bad record. The stream must end
+    where the record does: four zero bytes put in before a batch read as an (old-style) end of
+    stream, and the batches after them would be lost without an error."""
+    source = pa.BufferReader(value)
+    table = pa.ipc.open_stream(source).read_all()
+    if source.tell() != len(value):
+        raise pa.ArrowInvalid(f"the IPC stream ends at byte {source.tell()} of {len(value)}")
     table.validate(full=True)
     return table
 

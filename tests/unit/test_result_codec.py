@@ -357,6 +357,16 @@ def test_damaged_records_never_raise(data: st.DataObject, fmt: str) -> None:
     assert kept == rows_per_value * (len(damaged) - len(rejected))
 
 
+def test_four_zero_bytes_anywhere_in_a_block_never_lose_its_rows_silently() -> None:
+    """Four zero bytes read as an old-style end of stream: the batches after them would be
+    dropped without an error unless the stream must end where the record does (CI found it)."""
+    layout, block = seed000_block(3, seed=7)
+    (value,) = encode_blocks(block)
+    for cut in range(len(value) + 1):
+        decoded = decode_results(layout, "blocks", [value[:cut] + b"\0\0\0\0" + value[cut:]])
+        assert len(decoded.columns["event_time"]) == (0 if decoded.rejects else len(block)), cut
+
+
 def _json_record(layout: ResultLayout) -> dict:
     _, block = seed000_block(1)
     return expected_record(layout, block, 0, "json")
