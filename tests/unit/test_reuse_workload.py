@@ -273,12 +273,16 @@ def test_operator_runs_equal_the_reference_join(job: JobSettings) -> None:
                                         "alone_duplicates": 0, "differing_values": 0}
 
 
-def test_compare_counts_missing_extra_and_duplicates(job: JobSettings) -> None:
+def _alone(job: JobSettings, sql: str, number: int) -> Block:
+    """The results of query `sql` (registration `number`) run alone over 60 s of small inputs."""
     inputs = small_inputs(job, 60)
     keys = KeyCache(inputs, {s.name: s for s in job.streams})
-    reg = registration(job, "SELECT flights.num FROM flights [RANGE 5 MIN], checkins [RANGE 5 MIN] "
-                            "WHERE flights.num = checkins.flight", 3)
-    results = run_operator(job, "op", for_query(reg, "us-east"), inputs, keys, 1000).results
+    return run_operator(job, "op", for_query(registration(job, sql, number), "us-east"), inputs, keys, 1000).results
+
+
+def test_compare_counts_missing_extra_and_duplicates(job: JobSettings) -> None:
+    results = _alone(job, "SELECT flights.num FROM flights [RANGE 5 MIN], checkins [RANGE 5 MIN] "
+                          "WHERE flights.num = checkins.flight", 3)
     n = len(results)
     assert n > 4
     shuffled = results.take(np.r_[np.arange(2, n), 2])  # first two missing, one duplicated
@@ -288,11 +292,8 @@ def test_compare_counts_missing_extra_and_duplicates(job: JobSettings) -> None:
 
 
 def test_digest_ignores_order_but_not_results_or_values(job: JobSettings) -> None:
-    inputs = small_inputs(job, 60)
-    keys = KeyCache(inputs, {s.name: s for s in job.streams})
-    reg = registration(job, "SELECT flights.gate, checkins.status FROM flights [RANGE 5 MIN], checkins "
-                            "[RANGE 5 MIN] WHERE flights.num = checkins.flight", 4)
-    results = run_operator(job, "op", for_query(reg, "us-east"), inputs, keys, 1000).results
+    results = _alone(job, "SELECT flights.gate, checkins.status FROM flights [RANGE 5 MIN], checkins "
+                          "[RANGE 5 MIN] WHERE flights.num = checkins.flight", 4)
     cols = ["flights.gate", "checkins.status"]
     n = len(results)
     reversed_ = results.take(np.arange(n)[::-1])
