@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from typing import NamedTuple
 
 from streamjoin.engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
 from streamjoin.schemas.codecs import decode_block, encode_block
 
 Headers = list[tuple[str, bytes]]
+
+
+class Record(NamedTuple):
+    """A hop record as received: what a node forwards unchanged is sent on as these bytes."""
+
+    value: bytes | None
+    headers: Headers | None
 
 
 def _info_json(info: RoundInfo) -> bytes:
@@ -52,6 +60,11 @@ def encode(msg: Message, epoch: str) -> tuple[bytes, Headers]:
     """`msg` as a hop record; `epoch`: the sender's `<node>:<incarnation>`."""
     value, headers = _encode(msg)
     return value, headers + [("sj-epoch", epoch.encode())]
+
+
+def restamp(headers: Headers | None, epoch: str) -> Headers:
+    """A received record's headers with the forwarding node's `epoch` in place of the sender's."""
+    return [(k, v) for k, v in headers or [] if k != "sj-epoch"] + [("sj-epoch", epoch.encode())]
 
 
 def epoch_of(headers: Headers | None) -> tuple[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -196,8 +196,11 @@ class RingSpec(_Strict):
     nodes: int | Literal["auto"] = Field(
         default="auto", description="ring size N at start; auto = the cost model's latency-minimising N")
     max_nodes: int = Field(default=8, ge=1, le=64)
-    max_rounds_in_flight: int = Field(
-        default=1, ge=1, le=64, description="1 = PSP (one round at a time); more = PSP-I interleaving")
+    max_rounds_in_flight: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        default="auto",
+        description="rounds in the ring at once: 1 = PSP (one round at a time), more = PSP-I interleaving; auto = "
+                    "as many as keep every node busy (engine/psp/cost_model.py rounds_in_flight: 1 + (M-1) x N, "
+                    "at most 16, following the ring's size)")
     slice_cap_tuples: int | None = Field(
         default=None, gt=0, description="workload smoothing: count bound on each non-tail node's slice per stream")
     relocation: Literal["passive", "aggressive"] = Field(

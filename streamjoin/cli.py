@@ -563,10 +563,14 @@ def bench(
     quick: Annotated[bool, typer.Option("--quick", help="small enough for CI (a minute or two)")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write the curve PNG here")] = None,
+    nodes: Annotated[Optional[str], typer.Option(
+        "--nodes", help="band only: ring sizes as a comma list (e.g. 1,2,4), run as a scaling curve on the time "
+                        "window; the JSON's `scaling` gives each N's sustained tuples/s and its ratio to N=1")] = None,
 ) -> None:
     """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact."""
     from streamjoin.bench import WORKLOADS, run_bench
 
+    options = _bench_options(workload, nodes)
     if workload == "spill":  # in-process workers on simulated time: no broker, no Spark
         from streamjoin.bench import report, spill
 
@@ -578,9 +582,26 @@ def bench(
     if workload not in WORKLOADS:
         console.print(f"[red]error:[/red] unknown workload {workload!r}: choose one of {', '.join(sorted([*WORKLOADS, 'spill']))}")
         raise typer.Exit(2)
-    result = run_bench(workload, quick=quick, json_path=json_path, plot_path=plot)
+    result = run_bench(workload, quick=quick, json_path=json_path, plot_path=plot, **options)
     print(json.dumps(result, indent=2))
     raise typer.Exit(0 if result.get("exact") else 1)
+
+
+def _bench_options(workload: str, nodes: str | None) -> dict:
+    """The workload's own keywords from the bench options (nodes: --nodes as typed); a bad
+    value, or an option the workload does not take, exits 2 before anything starts."""
+    if nodes is None:
+        return {}
+    if workload != "band":
+        console.print(f"[red]error:[/red] --nodes is for `bench band` only, not {workload!r}")
+        raise typer.Exit(2)
+    from streamjoin.bench.band import parse_nodes
+
+    try:
+        return {"nodes": parse_nodes(nodes)}
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 # ------------------------------------------------------------------ queries

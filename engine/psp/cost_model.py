@@ -1,5 +1,6 @@
 """PSP cost model (seed 004, section 5): equations 1-6, the latency-optimal
-ring size of section 5.2 and the join-order heuristic of section 5.4.
+ring size of section 5.2, the join-order heuristic of section 5.4 and the
+rounds PSP-I keeps in flight (section 4.4).
 
 Pure: numbers in, numbers out. `services/coordinator/ring_plan.py` measures
 the numbers (Table 1's terms) on the machine and job at hand.
@@ -183,6 +184,31 @@ def bandwidth(tuple_bytes: float, T_j: float, rates: Floats, windows: Floats, n:
     delivers a tuple no slower than a node probes one against its smallest slice."""
     smallest_slice = min(r * w for r, w in zip(rates, windows)) / n
     return tuple_bytes / (T_j * smallest_slice)
+
+
+# ------------------------------------------------------------ section 4.4: PSP-I
+
+MAX_ROUNDS_IN_FLIGHT = 16  # the default's ceiling: each round in flight keeps its tuples and delayed purges
+
+
+def rounds_in_flight(n: int, m: int, hop_per_work: float = 1.0, cap: int = MAX_ROUNDS_IN_FLIGHT) -> int:
+    """PSP-I's threshold on rounds processed at once (seed 004, section 4.4: "a threshold to
+    limit the number of concurrently processed stream tuples in the ring"), sized so that no
+    node waits for work.
+
+    n: ring nodes N; m: streams M; hop_per_work: one hop's latency over one node's work on one
+    round (T_n over L_PSP / N for a round's tuples); cap: the most rounds to allow.
+
+    Little's law: a node is busy all the time when the rounds in flight cover a round's cycle
+    divided by its work at that node. The cycle is that work plus the M - 1 laps of N hops its
+    End travels before the head may count it done (Theorem 1), so R = 1 + (M - 1) N x
+    hop_per_work. The default ratio 1 is where equation 6 is just kept (a hop takes as long as
+    the probing it must hide), giving about N rounds for a 2-way ring, M - 1 times that for an
+    M-way one. Every round in flight keeps its tuples and its delayed purges (PSP-I's
+    duplicated state), hence the cap."""
+    if n < 1 or m < 2 or hop_per_work < 0 or cap < 1:
+        raise ValueError(f"need n >= 1, m >= 2, hop_per_work >= 0, cap >= 1; got {n}, {m}, {hop_per_work}, {cap}")
+    return max(1, min(cap, math.ceil(1 + (m - 1) * n * hop_per_work)))
 
 
 # ------------------------------------------------------------ section 5.4

@@ -6,7 +6,8 @@
 * `release_before` takes what the watermark lets go: the m source topics are
   merged in event-time order by watermark, as seed 004's head does.
 * `RoundPlanner` stamps each round with its layout and slice bounds, bounds
-  the rounds in flight (1 = PSP, more = PSP-I), and runs resizes: passive
+  the rounds in flight (1 = PSP, more = PSP-I; by default as many as keep
+  every node busy, engine/psp/cost_model.py), and runs resizes: passive
   relocation moves the bounds gradually over `passive_rounds` rounds, so state
   flows to its new owner with ordinary purge traffic; aggressive relocation
   drains the ring (suspend), hands whole slices to a neighbour in one round,
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamjoin.engine.block import OFF, PART, TS, Block, concat
+from streamjoin.engine.psp.cost_model import rounds_in_flight
 from streamjoin.engine.psp.messages import RoundInfo
 from streamjoin.engine.psp.plan import RingPlan, count_column
 from streamjoin.engine.psp.slices import G, SSEQ
@@ -57,6 +59,13 @@ class Sequencer:
         self.next_g += len(order)
         self.counts = [c + s for c, s in zip(self.counts, sizes)]
         return out
+
+    def state(self) -> dict:
+        """What numbering resumes from (JSON-able): the next global number and the per-stream counts."""
+        return {"next_g": self.next_g, "counts": list(self.counts)}
+
+    def restore(self, state: dict) -> None:
+        self.next_g, self.counts = int(state["next_g"]), [int(c) for c in state["counts"]]
 
 
 def release_before(pending: list[Block], watermark: int) -> tuple[list[Block], list[Block]]:
@@ -101,10 +110,14 @@ class _Step:
 
 
 class RoundPlanner:
-    def __init__(self, plan: RingPlan, layout: tuple[str, ...], max_in_flight: int = 1, cap: int | None = None,
-                 relocation: str = "passive", passive_rounds: int = 20) -> None:
+    def __init__(self, plan: RingPlan, layout: tuple[str, ...], max_in_flight: int | str = "auto",
+                 cap: int | None = None, relocation: str = "passive", passive_rounds: int = 20) -> None:
+        """max_in_flight: the most rounds in the ring at once, an int >= 1 or "auto": the cost
+        model's rounds_in_flight for the current layout's length (it follows resizes)."""
+        if max_in_flight != "auto" and not (isinstance(max_in_flight, int) and max_in_flight >= 1):
+            raise ValueError(f"max_in_flight must be an int >= 1 or 'auto', got {max_in_flight!r}")
         self.plan, self.layout = plan, tuple(layout)
-        self.max_in_flight, self.cap = max_in_flight, cap
+        self._max_in_flight, self.cap = max_in_flight, cap
         self.relocation, self.passive_rounds = relocation, passive_rounds
         self.bounds = even_bounds(plan, self.layout)
         self._from = self._to = self.bounds
@@ -114,6 +127,13 @@ class RoundPlanner:
         self.steps: list[_Step] = []
 
     # -------------------------------------------------------------- rounds
+    @property
+    def max_in_flight(self) -> int:
+        """The bound on rounds in flight now (1 = PSP, more = PSP-I)."""
+        if self._max_in_flight == "auto":
+            return rounds_in_flight(len(self.layout), self.plan.m)
+        return int(self._max_in_flight)
+
     @property
     def draining(self) -> bool:
         """A resize stage waits: no new rounds until the ring is empty (passive bound moves run on rounds)."""
@@ -139,6 +159,24 @@ class RoundPlanner:
 
     def on_done(self, rnd: int) -> None:
         self.in_flight.discard(rnd)
+
+    # ------------------------------------------------------------ recovery
+    def state(self) -> dict:
+        """Everything but the rounds in flight, JSON-able: layout, bounds, a passive move's
+        progress, the resize stages still to run and the next round's number."""
+        return {"layout": list(self.layout), "bounds": _bounds_json(self.bounds), "from": _bounds_json(self._from),
+                "to": _bounds_json(self._to), "moved": self._moved, "span": self._span, "next_round": self.next_round,
+                "steps": [{"layout": list(s.layout), "target": _bounds_json(s.target), "rounds": s.rounds,
+                           "handoff": dict(s.handoff)} for s in self.steps]}
+
+    def restore(self, state: dict) -> None:
+        """Back to `state` (from `state()`), with no round in flight."""
+        self.layout = tuple(state["layout"])
+        self.bounds, self._from, self._to = (_bounds_of(state[k]) for k in ("bounds", "from", "to"))
+        self._moved, self._span, self.next_round = int(state["moved"]), int(state["span"]), int(state["next_round"])
+        self.steps = [_Step(tuple(s["layout"]), _bounds_of(s["target"]), int(s["rounds"]), dict(s["handoff"]))
+                      for s in state["steps"]]
+        self.in_flight = set()
 
     # ------------------------------------------------------------- resizes
     def resize(self, new_layout: tuple[str, ...]) -> None:
@@ -174,6 +212,14 @@ class RoundPlanner:
         else:
             self.bounds = self._from = self._to = step.target
             self._moved = self._span = 0
+
+
+def _bounds_json(bounds: dict[str, tuple[float, ...]]) -> dict[str, list[float]]:
+    return {n: [float(x) for x in b] for n, b in bounds.items()}
+
+
+def _bounds_of(raw: dict[str, list[float]]) -> dict[str, tuple[float, ...]]:
+    return {n: tuple(float(x) for x in b) for n, b in raw.items()}
 
 
 def _merge_orders(old: tuple[str, ...], new: tuple[str, ...]) -> list[str]:

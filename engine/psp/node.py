@@ -11,11 +11,19 @@ Everything a node sends in reaction goes into an `Outbox`, in order: sends to
 the next node keep FIFO order, which is what Property 1 rests on. The node
 itself never talks to Kafka, so the same code runs in the services and in the
 in-memory rings of the property tests.
+
+Forward before probing: given an `early` callback, a node hands over what it
+forwards (cross-purge Builds and the Probe, or a passing Partial) before it
+probes, and probes into a fresh Outbox, so the next node works on the round
+while this one probes its slice instead of the nodes taking turns. The order
+to the next node is unchanged (Build(r), Probe(r), then Partial(r)...), only
+the first part leaves sooner.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -36,6 +44,9 @@ class Outbox:
     round_done: RoundInfo | None = None  # head only: this round has ended everywhere
 
 
+Early = Callable[[Outbox], None]  # takes what a node forwards before it probes (see the module note)
+
+
 class RingNode:
     def __init__(self, node_id: str, plan: RingPlan, templates: list[Block]) -> None:
         self.id = node_id
@@ -44,44 +55,51 @@ class RingNode:
         self.rounds: dict[int, RoundInfo] = {}  # rounds seen here and not yet ended
 
     # ------------------------------------------------------------- messages
-    def handle(self, msg: Message, now_ms: int) -> Outbox:
+    def handle(self, msg: Message, now_ms: int, early: Early | None = None) -> Outbox:
+        """React to `msg`. early: if given, called once with what is to be forwarded before the
+        local probe runs (see the module note); the Outbox returned then holds only the rest."""
         out = Outbox()
         if isinstance(msg, Build):
             self.slices.streams[msg.stream].insert(msg.tuples, msg.round)
         elif isinstance(msg, Probe):
-            self._on_probe(msg, out, now_ms)
+            out = self._on_probe(msg, out, now_ms, early)
         elif isinstance(msg, Partial):
-            self._on_partial(msg, out, now_ms)
+            out = self._on_partial(msg, out, now_ms, early)
         else:
             self._on_end(msg, out)
         return out
 
-    def release(self, probe: Probe, now_ms: int) -> Outbox:
-        """Head only: a new round's tuples enter the ring here."""
+    def release(self, probe: Probe, now_ms: int, early: Early | None = None) -> Outbox:
+        """Head only: a new round's tuples enter the ring here. early: as in `handle`."""
         for j, block in enumerate(probe.tuples):
             self.slices.streams[j].insert(block, probe.info.round)
-        out = Outbox()
-        self._on_probe(probe, out, now_ms)
+        out = self._on_probe(probe, Outbox(), now_ms, early)
         out.to_next.append(End(probe.info, lap=1))
         return out
 
-    def _on_probe(self, msg: Probe, out: Outbox, now_ms: int) -> None:
+    def _on_probe(self, msg: Probe, out: Outbox, now_ms: int, early: Early | None) -> Outbox:
+        """Cross-purge, forward, probe; returns the Outbox the probe went into."""
         info = msg.info
         self.rounds[info.round] = info
         self.slices.collect(info.done_below)
         self._cross_purge(info, out)
         if self.id != info.tail:
             out.to_next.append(msg)
+        out = _hand_over(out, early)
         for t, block in enumerate(msg.tuples):
             if len(block):
                 rows = trigger_rows(self.plan, t, block)
                 self._probe(info, t, (t,), rows, out, now_ms)
+        return out
 
-    def _on_partial(self, msg: Partial, out: Outbox, now_ms: int) -> None:
+    def _on_partial(self, msg: Partial, out: Outbox, now_ms: int, early: Early | None) -> Outbox:
+        """Forward (unless back at its origin), probe; returns the Outbox the probe went into."""
         info = self.rounds[msg.round]
         if msg.origin != self.id:
             out.to_next.append(msg)
+        out = _hand_over(out, early)
         self._probe(info, msg.trigger, msg.members, msg.rows, out, now_ms)
+        return out
 
     def _on_end(self, msg: End, out: Outbox) -> None:
         info = msg.info
@@ -145,6 +163,16 @@ class RingNode:
             out.results.append(assemble(self.plan, grown, now_ms))
         else:
             out.to_next.append(Partial(info.round, self.id, trigger, members + (j,), grown))
+
+
+def _hand_over(out: Outbox, early: Early | None) -> Outbox:
+    """What goes on from here: `out` itself without a callback, or (with one) a fresh Outbox
+    after `early` took `out`. An empty `out` (the tail forwards no probe, a partial back at its
+    origin goes nowhere) is not handed over: there is nothing to send sooner."""
+    if early is None or not (out.to_next or out.direct):
+        return out
+    early(out)
+    return Outbox()
 
 
 def _beyond_cap(candidates: np.ndarray, cap: int) -> np.ndarray:

@@ -91,6 +91,7 @@ class RingWorker:
         self.out = cluster.producer()
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
         self.local: deque[RingMessage] = deque()
+        self.passing: tuple[RingMessage, wire.Record] | None = None  # the message being handled, as received
         self.head: RingHead | None = None
         self.deliveries = Deliveries()
         self.results = ResultWriter(job, self.out, self.deliveries, every_report=True)
@@ -120,7 +121,7 @@ class RingWorker:
                 if m.error() is not None:
                     metrics.BROKER_ERRORS.labels(m.error().name()).inc()
                 elif self._current(*wire.epoch_of(m.headers())):
-                    self._guarded(self._handle, wire.decode(m.value(), m.headers()))
+                    self._guarded(self._handle, wire.decode(m.value(), m.headers()), wire.Record(m.value(), m.headers()))
             self._guarded(self._drain_local)
             if self.head is not None and not self.failed:
                 self._guarded(self.head.tick)
@@ -222,12 +223,17 @@ class RingWorker:
             self.head.resize(layout)
 
     # -------------------------------------------------------------- messages
-    def _handle(self, msg: RingMessage) -> None:
+    def _handle(self, msg: RingMessage, record: wire.Record | None = None) -> None:
+        """React to `msg`; `record`: the hop record it was decoded from (None: it came from this
+        node itself), sent on as it is if the node forwards `msg` unchanged."""
+        self.passing = (msg, record) if record is not None else None
         started = time.perf_counter()
-        out = self.node.handle(msg, int(time.time() * 1000))
+        # What the node forwards leaves before it probes: the next node works on the round meanwhile.
+        out = self.node.handle(msg, int(time.time() * 1000), early=lambda ob: self.send(ob, msg))
         metrics.RING_HANDLE_SECONDS.observe(time.perf_counter() - started)
         metrics.RING_MESSAGES.labels(type(msg).__name__.lower()).inc()
         self.send(out, msg)
+        self.passing = None
 
     def send(self, out: Outbox, cause: RingMessage) -> None:
         """Produce what handling `cause` made: results and dead letters first, then (an End
@@ -261,8 +267,15 @@ class RingWorker:
             self._handle(self.local.popleft())
 
     def _produce(self, node: str, msg: RingMessage) -> None:
+        epoch = f"{self.id}:{self.incarnation}"
+        if self.passing is not None and self.passing[0] is msg:
+            # A Probe or Partial passing through: its record's bytes go on, not a re-encoding.
+            record = self.passing[1]
+            self.out.produce(self.job.hop_topic(node), value=record.value, headers=wire.restamp(record.headers, epoch),
+                             partition=0, on_delivery=self.deliveries.report)
+            return
         for piece in _pieces(msg):
-            value, headers = wire.encode(piece, f"{self.id}:{self.incarnation}")
+            value, headers = wire.encode(piece, epoch)
             self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0,
                              on_delivery=self.deliveries.report)
 
@@ -460,7 +473,8 @@ class RingHead:
             for i, b in enumerate(tuples):
                 metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(b))
         probe = Probe(info, tuple(tuples))
-        out = self.w.node.release(probe, int(time.time() * 1000))
+        # The Probe (and the Builds ahead of it) leave before the head probes the round itself.
+        out = self.w.node.release(probe, int(time.time() * 1000), early=lambda ob: self.w.send(ob, probe))
         self.w.send(out, probe)
         self._commit()
 

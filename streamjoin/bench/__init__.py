@@ -5,33 +5,44 @@ reports `exact: false` (the CLI then exits 1).
 
 A workload is a module with `run(env, quick, plot_path) -> dict` returning
 at least `exact`, `parameters`, `ours`, `peers` and `ratios`; it registers
-here. The shared pieces it builds on: `env` (broker, Spark, progress),
-`ours` (sweep and replay of a hash-partitioned job), `peers/` (Spark, raw
-Kafka consumption, the reference join), `inputs` (the input as Arrow tables)
-and `report` (machine, rates, ratios, JSON, curves).
+here by module name and is imported only when it runs, so a workload that
+needs no Spark (band, psp's imports) runs where pyspark is not installed.
+Options beyond --quick go to `run` as keywords (band: `nodes`). The shared
+pieces it builds on: `env` (broker, Spark, progress), `ours` (sweep and
+replay of a hash-partitioned job), `peers/` (Spark, raw Kafka consumption,
+the reference join), `inputs` (the input as Arrow tables) and `report`
+(machine, rates, ratios, JSON, curves).
 """
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from streamjoin.bench import adapt, band, equijoin, psp, report, reuse, splitjoin
+from streamjoin.bench import report
 from streamjoin.bench.env import BenchEnv, bench_env
 
-Workload = Callable[[BenchEnv, bool, "Path | None"], dict]
-WORKLOADS: dict[str, Workload] = {"equijoin": equijoin.run, "band": band.run, "psp": psp.run, "adapt": adapt.run,
-                                  "splitjoin": splitjoin.run, "reuse": reuse.run}
+Workload = Callable[..., dict]  # run(env: BenchEnv, quick: bool, plot_path: Path | None, **options) -> dict
+WORKLOADS: dict[str, str] = {name: f"streamjoin.bench.{name}"
+                             for name in ("equijoin", "band", "psp", "adapt", "splitjoin", "reuse")}
 
 
-def run_bench(workload: str, quick: bool = False, json_path: Path | None = None,
-              plot_path: Path | None = None) -> dict:
-    """Run one workload on a fresh embedded broker; returns (and writes to `json_path`) the report."""
+def workload(name: str) -> Workload:
+    """The `run` of workload `name` (a key of WORKLOADS), importing its module now."""
+    return importlib.import_module(WORKLOADS[name]).run
+
+
+def run_bench(workload_name: str, quick: bool = False, json_path: Path | None = None,
+              plot_path: Path | None = None, **options: Any) -> dict:
+    """Run one workload on a fresh embedded broker; returns (and writes to `json_path`) the report.
+    options: the workload's own keywords (band: nodes)."""
+    run = workload(workload_name)
     machine = report.machine_info()
     began = time.monotonic()
     with bench_env() as env:
-        result = WORKLOADS[workload](env, quick, plot_path)
+        result = run(env, quick, plot_path, **options)
     machine["load_average_after"] = report.load_average()
     result = {**result, "machine": machine, "wall_seconds": round(time.monotonic() - began, 1)}
     if json_path is not None:

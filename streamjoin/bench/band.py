@@ -7,6 +7,13 @@ r.x BETWEEN s.a-10 AND s.a+10 AND r.y BETWEEN s.b-10 AND s.b+10, run in ring
 mode with `ring.nodes` fixed. Two windows, as in the paper: 15 minutes of
 event time, and 2^21 tuples per stream.
 
+Ring sizes: the plan's runs fix them (FULL: N = 1, 2 on the time window, 1 on
+the others; QUICK: 1 and 2). `--nodes 1,2,4` runs a scaling curve instead:
+the plan's time window on a ring of each size, and the report's `scaling`
+gives each N's sustained tuples/s and its ratio to the smallest N (N=1 when
+listed). Each ring is its own process per node, so N above the machine's
+cores measures contention as much as scaling.
+
 Sustained input rate, without waiting 15 minutes. Event time is not wall
 time: a backlog whose event times span the window plus a measured stretch at
 R tuples/s per stream is written to Kafka first, then a fresh ring reads it
@@ -135,6 +142,28 @@ _QTIME = Case("time", 20_000, 1_000.0, 30_000)
 _QCOUNT = Case("count", 50_000, 2_000.0, 20_000)
 QUICK = Plan(runs=((_QTIME, 1), (_QTIME, 2), (_QCOUNT, 1)), round_cap=4_000, block_tuples=1_000,
              check_triggers=400, consume_repeats=1, reference_tuples=300, budget_s=120.0, sample_s=0.2)
+MAX_RING_NODES = 64  # ring.max_nodes' upper bound (settings/job.py RingSpec)
+
+
+def parse_nodes(text: str) -> tuple[int, ...]:
+    """`--nodes` as typed, e.g. "1,2,4": the ring sizes of a scaling curve, distinct and ascending.
+
+    text: comma-separated integers in 1..MAX_RING_NODES (spaces allowed). Raises ValueError
+    on anything else, naming what was wrong."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(f"--nodes takes ring sizes as a comma list such as 1,2,4, got {text!r}")
+    sizes = sorted({int(p) for p in parts})
+    if sizes[0] < 1 or sizes[-1] > MAX_RING_NODES:
+        raise ValueError(f"--nodes: ring sizes must lie in 1..{MAX_RING_NODES}, got {text!r}")
+    return tuple(sizes)
+
+
+def scaling_plan(plan: Plan, nodes: tuple[int, ...]) -> Plan:
+    """`plan` with its runs replaced by a scaling curve: its first case (the time window) on a
+    ring of each size in `nodes`, one fresh broker and backlog copy per ring, as every run has."""
+    case = plan.runs[0][0]
+    return dataclasses.replace(plan, runs=tuple((case, n) for n in nodes))
 
 
 # ---------------------------------------------------------------- the backlog
@@ -620,8 +649,12 @@ def splitjoin_published() -> dict:
 # ---------------------------------------------------------------- the workload
 
 
-def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
+def run(env: BenchEnv, quick: bool, plot_path: Path | None, nodes: tuple[int, ...] | None = None) -> dict:
+    """The workload. nodes: ring sizes (see parse_nodes) to run as a scaling curve on the plan's
+    time window instead of the plan's own runs; the report then has a `scaling` section."""
     plan = QUICK if quick else FULL
+    if nodes:
+        plan = scaling_plan(plan, nodes)
     runs: list[dict] = []
     consume = floor = None
     cases = list(dict.fromkeys(case for case, _ in plan.runs))
@@ -631,9 +664,9 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
         if floor is None:
             with env.phase("reference peer"):
                 floor = run_reference(backlog, plan.reference_tuples)
-        for c, nodes in plan.runs:
+        for c, size in plan.runs:
             if c == case:
-                got = run_ring(env, backlog, nodes, plan, consume=consume is None)
+                got = run_ring(env, backlog, size, plan, consume=consume is None)
                 consume = consume or {**got["kafka_consume"], "backlog": case.name,
                                       "input_tuples": backlog.tuples, "input_bytes": backlog.bytes}
                 runs.append(got["run"])
@@ -648,6 +681,10 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
         "peers": peers,
         "ratios": ratios(runs, peers),
     }
+    if nodes:
+        result["scaling"] = curve = scaling(runs)
+        result["ratios"] |= {f"{run_key(r)}_vs_n{curve['base_nodes']}": point["vs_base"]
+                             for r, point in zip(runs, curve["curve"])}
     if plot_path is not None:
         plot(result, plot_path)
         result["plot"] = str(plot_path)
@@ -689,6 +726,19 @@ def summarise(runs: list[dict]) -> dict:
             "highest_sustainable_tuples_per_s": max((r["offered_tuples_per_s"] for r in ok), default=None),
         }
     return out
+
+
+def scaling(runs: list[dict]) -> dict:
+    """The curve of a --nodes run (its runs differ in ring size only): per N the sustained
+    tuples/s and, as a ratio with both figures, that over the smallest ring's (N=1 when run)."""
+    base = min(runs, key=lambda r: r["nodes"])
+    curve = [{"nodes": r["nodes"], "tuples_per_s": r["tuples_per_s"], "sustainable": r["sustainable"],
+              "exact": r["exact"],
+              "vs_base": report.ratio(r["tuples_per_s"], base["tuples_per_s"],
+                                      f"sustained input rate, both streams, full window, N={r['nodes']} over "
+                                      f"N={base['nodes']}", "tuples/s")} for r in runs]
+    return {"window": base["window"], "window_size": base["window_size"], "rate_per_stream": base["rate_per_stream"],
+            "base_nodes": base["nodes"], "curve": curve}
 
 
 def ratios(runs: list[dict], peers: dict) -> dict:

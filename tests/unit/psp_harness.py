@@ -17,6 +17,7 @@ from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, 
 from streamjoin.engine.psp.messages import Build, Message, Probe
 from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column
+from streamjoin.engine.psp.recovery import LoggedRound, Redrive, rebuild, slice_ranges
 from streamjoin.engine.psp.slices import G, SSEQ
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
 
@@ -61,6 +62,21 @@ class Ring:
     results: list[tuple] = field(default_factory=list)
     failed: set[tuple] = field(default_factory=set)
     max_state: dict[str, int] = field(default_factory=dict)
+    # Crash recovery (engine/psp/recovery.py): the round log, with the planner's state after each
+    # release; resize requests, with the log length when made; the last checkpoint; the steps
+    # (events) at which the whole ring crashes and rolls back; results written before a crash.
+    crash_at: frozenset[int] = frozenset()
+    log: list[tuple[Probe, dict]] = field(default_factory=list)
+    resize_log: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    checkpoint: dict | None = None
+    redrive: Redrive = field(default_factory=lambda: Redrive([]))
+    written: set[tuple] = field(default_factory=set)
+    events: int = 0
+    crashes: int = 0
+    redriven: int = 0
+
+    def __post_init__(self) -> None:
+        self.checkpoint = {"next_round": 0, "ranges": {}, "log_len": 0, "planner": self.planner.state()}
 
     def node(self, n: str) -> RingNode:
         if n not in self.nodes:
@@ -76,8 +92,8 @@ class Ring:
             self.logs[target].append(build)  # flushed before the sender goes on
         for res in out.results:
             cols = [(res[f"{s.name}.partition"], res[f"{s.name}.offset"]) for s in self.plan.streams]
-            self.results += [tuple((f"t{i}", int(p[r]), int(o[r])) for i, (p, o) in enumerate(cols))
-                             for r in range(len(res))]
+            refs = [tuple((f"t{i}", int(p[r]), int(o[r])) for i, (p, o) in enumerate(cols)) for r in range(len(res))]
+            self.results += [ref for ref in refs if ref not in self.written]  # the writer skips written ids
         for _, rows, _ in out.failures.entries:
             self.failed |= {int(g) for g in rows[G]}
         if out.round_done is not None:
@@ -91,7 +107,12 @@ class Ring:
             self.links.setdefault((sender, receiver), deque()).append(msg)
 
     def step(self) -> bool:
-        """One random asynchronous event; False when nothing is left to do."""
+        """One random asynchronous event (or a crash of the whole ring, at the steps in
+        `crash_at`); False when nothing is left to do."""
+        self.events += 1
+        if self.events in self.crash_at:
+            self.crash()
+        self.pump_redrive()
         moves = [k for k, q in self.links.items() if q]
         works = [n for n, q in self.logs.items() if q]
         if not moves and not works:
@@ -103,7 +124,9 @@ class Ring:
         n = self.rng.choice(works)
         msg = self.logs[n].popleft()
         info_next = self._next_for(n, msg)
-        self.deliver(n, self.nodes[n].handle(msg, now_ms=0), info_next)
+        # Pipelined as the services run it: what a node forwards leaves before it probes.
+        early = lambda out: self.deliver(n, out, info_next)  # noqa: E731
+        self.deliver(n, self.nodes[n].handle(msg, now_ms=0, early=early), info_next)
         self.max_state[n] = max(self.max_state.get(n, 0), self.nodes[n].slices.tuples)
         return True
 
@@ -115,10 +138,57 @@ class Ring:
     def release(self, tuples: list[Block], low_ts: int, counts: tuple[int, ...], wm: int,
                 handoff: dict[str, str] | None = None) -> None:
         info = self.planner.next_info(low_ts, counts, wm, handoff)
+        probe = Probe(info, tuple(tuples))
+        self.log.append((probe, self.planner.state()))
+        self._release(probe)
+
+    def _release(self, probe: Probe) -> None:
+        info = probe.info
         head = self.node(info.layout[0])
         for n in info.layout:
             self.node(n)
-        self.deliver(head.id, head.release(Probe(info, tuple(tuples)), now_ms=0), info.next_of(head.id))
+        early = lambda out: self.deliver(head.id, out, info.next_of(head.id))  # noqa: E731
+        self.deliver(head.id, head.release(probe, now_ms=0, early=early), info.next_of(head.id))
+
+    def resize(self, layout: tuple[str, ...]) -> None:
+        self.resize_log.append((len(self.log), layout))
+        self.planner.resize(layout)
+
+    # -------------------------------------------------------------- recovery
+    def may_checkpoint(self) -> None:
+        """At a drained point (no round in flight, no resize pending): every node's ranges."""
+        if self.planner.in_flight or self.planner.steps or self.redrive:
+            return
+        nxt = self.planner.next_round
+        self.checkpoint = {"next_round": nxt, "log_len": len(self.log), "planner": self.planner.state(),
+                           "ranges": {n: slice_ranges(node.slices, nxt) for n, node in self.nodes.items()}}
+
+    def crash(self) -> None:
+        """Every node and link loses everything; the ring restores the last checkpoint from the round
+        log, the planner the state after the last logged round (and the resizes asked since), and the
+        logged rounds after the checkpoint are released again."""
+        self.crashes += 1
+        self.written |= set(self.results)
+        cp = self.checkpoint
+        before = [probe.tuples for probe, _ in self.log[:cp["log_len"]]]
+        templates = [template(self.plan.m)] * self.plan.m
+        for n in list(self.nodes):
+            self.nodes[n] = RingNode(n, self.plan, templates)
+            self.nodes[n].slices = rebuild(templates, cp["ranges"].get(n), before)
+            self.logs[n] = deque()
+        self.links.clear()
+        after = self.log[cp["log_len"]:]
+        self.planner.restore(after[-1][1] if after else cp["planner"])
+        for at, layout in self.resize_log:
+            if at >= len(self.log):
+                self.planner.resize(layout)
+        self.redrive = Redrive([LoggedRound(0, probe, {}) for probe, _ in after])
+
+    def pump_redrive(self) -> None:
+        while (logged := self.redrive.ready(self.planner.in_flight)) is not None:
+            self.planner.in_flight.add(logged.round)
+            self.redriven += 1
+            self._release(logged.probe)
 
     def drain(self) -> None:
         while self.step():
@@ -127,11 +197,13 @@ class Ring:
 
 def run_ring(plan: RingPlan, arrivals: list[Arrival], layout: tuple[str, ...], lateness: int, cuts: int,
              seed: int, max_in_flight: int = 1, cap: int | None = None, relocation: str = "passive",
-             resizes: list[tuple[str, ...]] = ()) -> tuple[list[tuple], set[tuple], Ring]:
-    """Feed `arrivals` in order, `cuts` batches; returns (emitted refs, late refs, ring)."""
+             resizes: list[tuple[str, ...]] = (), crash_at: frozenset[int] = frozenset()
+             ) -> tuple[list[tuple], set[tuple], Ring]:
+    """Feed `arrivals` in order, `cuts` batches; returns (emitted refs, late refs, ring).
+    `crash_at`: the events (ring steps) at which the whole ring crashes and rolls back."""
     rng = random.Random(seed)
     planner = RoundPlanner(plan, layout, max_in_flight, cap, relocation, passive_rounds=3)
-    ring = Ring(plan, planner, rng)
+    ring = Ring(plan, planner, rng, crash_at=crash_at)
     seq = Sequencer(plan.m)
     empty = [block_of([]) for _ in range(plan.m)]
     pending = list(empty)
@@ -144,7 +216,7 @@ def run_ring(plan: RingPlan, arrivals: list[Arrival], layout: tuple[str, ...], l
     for bi, batch in enumerate(batches):
         final = bi == len(batches) - 1
         if bi in resize_at:
-            planner.resize(resize_at[bi])
+            ring.resize(resize_at[bi])
         for i in range(plan.m):
             mine = [a for a in batch if a.stream == i]
             on_time = [a for a in mine if a.ts >= wm]
@@ -172,16 +244,19 @@ def run_ring(plan: RingPlan, arrivals: list[Arrival], layout: tuple[str, ...], l
 
 
 def _run_until_release_allowed(ring: Ring) -> None:
-    """Advance the ring until the head may release; apply resize stages when drained."""
+    """Advance the ring until the head may release; apply resize stages when drained (and no
+    logged round waits to be released again); checkpoint at random drained points."""
     while True:
-        step = ring.planner.step_ready()
+        if ring.rng.random() < 0.5:
+            ring.may_checkpoint()
+        step = ring.planner.step_ready() if not ring.redrive else None
         if step is not None:
             ring.planner.apply(step)
             if step.handoff:
                 ring.release([template(ring.plan.m) for _ in ring.plan.streams], np.iinfo(np.int64).min // 4,
                              tuple(0 for _ in ring.plan.streams), np.iinfo(np.int64).min // 4, step.handoff)
             continue
-        if ring.planner.can_release():
+        if ring.planner.can_release() and not ring.redrive:
             return
         if not ring.step():
             raise AssertionError(f"ring stuck: in flight {ring.planner.in_flight}, steps {len(ring.planner.steps)}")

@@ -128,3 +128,14 @@ def test_measurements_reject_inconsistent_input() -> None:
         _measurements(orders=((1, 2), (0, 1), (1, 0)))
     with pytest.raises(ValueError, match="T_n"):
         _measurements(T_n=0.0)
+
+
+def test_rounds_in_flight_keep_every_node_busy() -> None:
+    # 1 + (M-1) N with a hop as long as a node's work on a round; a 2-way ring: about N
+    assert [cm.rounds_in_flight(n, 2) for n in (1, 2, 4, 8)] == [2, 3, 5, 9]
+    assert cm.rounds_in_flight(4, 3) == 9  # the End travels M-1 = 2 laps before a round is done
+    assert cm.rounds_in_flight(8, 4) == cm.MAX_ROUNDS_IN_FLIGHT  # capped
+    assert cm.rounds_in_flight(4, 2, hop_per_work=0.0) == 1  # free hops: one round keeps the ring busy
+    assert cm.rounds_in_flight(4, 2, hop_per_work=0.5, cap=64) == 3
+    with pytest.raises(ValueError):
+        cm.rounds_in_flight(0, 2)

@@ -57,3 +57,22 @@ def test_a_failed_delivery_fails_the_ring(tmp_path: Path) -> None:
     w.deliveries.errors.append(KafkaError(KafkaError._MSG_TIMED_OUT))
     w._guarded(flush, w.out, w.deliveries)
     assert w.failed == "delivery"
+
+
+def test_a_forwarded_message_goes_on_as_the_bytes_received(tmp_path: Path) -> None:
+    """A Probe or Partial a node passes on unchanged is produced from the record it arrived
+    in (no re-encoding), restamped with the forwarding node's epoch; anything else is encoded."""
+    job = load(Path("streamjoin/jobs/band3.yaml"), bootstrap="127.0.0.1:1",
+               worker={"state_dir": str(tmp_path / "state")})
+    w = RingWorker(job, kafka.Cluster("127.0.0.1:1"), "w1", metrics_port=0)
+    sent: list[tuple[bytes, list]] = []
+    w.out = type("Capture", (), {"produce": lambda self, topic, value, headers, **kw: sent.append((value, headers))})()
+    passing = End(_info(), 1)
+    value, headers = wire.encode(passing, "w0:first")
+    marked = value + b"as-received"  # not what encoding gives: shows which path produced it
+    w.passing = (passing, wire.Record(marked, headers))
+    w._produce("w2", passing)
+    w._produce("w2", End(_info(), 2))
+    assert sent[0][0] == marked and wire.epoch_of(sent[0][1]) == ("w1", w.incarnation)
+    assert [k for k, _ in sent[0][1]].count("sj-epoch") == 1
+    assert wire.decode(*sent[1]) == End(_info(), 2) and wire.epoch_of(sent[1][1]) == ("w1", w.incarnation)
