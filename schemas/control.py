@@ -30,6 +30,9 @@ class Heartbeat(BaseModel):
     ring_busy: bool = False  # ring head: released tuples are still travelling the ring
     ring_round: int = 0
     ring_failed: str = ""  # ring node: why the ring stopped producing results ("" while it runs)
+    # ring node: its epoch, its rollbacks, and at the head the rounds it re-drove and the last
+    # rollback's seconds until every re-driven round was back (services/worker/ring.py)
+    ring_recovery: dict[str, float] = Field(default_factory=dict)
     epoch: int = 0  # hash worker: the placement epoch of the newest assignment it applied
     # Spill (seed 003 sections 4 and 6; worker.spill). memory_bytes: window bytes held in memory;
     # memory_budget: worker.memory_bytes; spilled_bytes: window bytes on disk only (pushed groups,
@@ -59,19 +62,10 @@ class RingLayout(BaseModel):
     epoch: int
 
 
-# Exit status of a ring node that finds it was started before in this job: its slices are
-# gone and there is no ring crash recovery yet, so it reports RingFailed and does not join.
-# A supervisor restarting it gets the same answer (streamjoin.launcher.Fleet leaves it down).
+# Exit status of a ring node that finds it was started before in this job while `ring.recovery`
+# is off: its slices are gone, so it reports RingFailed and does not join. A supervisor
+# restarting it gets the same answer (streamjoin.launcher.Fleet leaves it down).
 RING_FENCED_EXIT = 79
-
-
-class RingStart(BaseModel):
-    """Ring node -> everyone: this incarnation of `worker` starts. The first one recorded for a
-    worker is the ring's; a later one is a restart, which the ring cannot take back yet."""
-
-    type: Literal["ring-start"] = "ring-start"
-    worker: str
-    incarnation: str
 
 
 class RingFailed(BaseModel):
@@ -149,11 +143,11 @@ class Placement(BaseModel):
     dead_owners: list[str] = Field(default_factory=list)
 
 
-ControlMessage = (Heartbeat | Assignment | RingLayout | RingChange | RingStart | RingFailed | MoveGroup | DrainWorker
-                  | PushGroups)
+ControlMessage = (Heartbeat | Assignment | RingLayout | RingChange | RingFailed | MoveGroup
+                  | DrainWorker | PushGroups)
 _KINDS: dict[str, type[BaseModel]] = {"heartbeat": Heartbeat, "assignment": Assignment, "ring-layout": RingLayout,
-                                      "ring-change": RingChange, "ring-start": RingStart, "ring-failed": RingFailed,
-                                      "move-group": MoveGroup, "drain-worker": DrainWorker, "push-groups": PushGroups}
+                                      "ring-change": RingChange, "ring-failed": RingFailed, "move-group": MoveGroup, "drain-worker": DrainWorker,
+                                      "push-groups": PushGroups}
 
 
 def encode(msg: BaseModel) -> bytes:

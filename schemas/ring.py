@@ -9,20 +9,29 @@ per stream, each prefixed by its length), the headers say what it is:
   sj-lap      end: which lap around the ring
   sj-origin, sj-trigger, sj-members   partial: who made it, the trigger stream,
               the streams joined so far (comma list, in probe order)
-  sj-epoch    every kind: `<sender node>:<its incarnation>`, the ring epoch a receiver
-              checks against the incarnation the ring started with (schemas/control.RingStart)
+  sj-epoch    every kind: the ring epoch the sender is in (schemas/ring_epochs.RingStart):
+              a receiver drops a record of an older epoch and catches up on a newer one
+  sj-mark     mark: JSON {"layout": [...], "ranges": {node: per stream [[lo, hi], ...]}}, a
+              checkpoint collecting every node's slice ranges on its way round the ring
+
+The round log `<job>.ring-rounds` holds the head's Probes in the same form, with
+`sj-epoch` and `sj-head` (the head's state after the round, JSON) added.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 from streamjoin.engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
+from streamjoin.engine.psp.recovery import LoggedRound
 from streamjoin.schemas.codecs import decode_block, encode_block
 
 Headers = list[tuple[str, bytes]]
+# What decoding a record no ring node wrote may raise (pyarrow's ArrowInvalid is a ValueError):
+# callers catch these, count the record and drop it.
+DECODE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, UnicodeDecodeError)
 
 
 class Record(NamedTuple):
@@ -56,25 +65,58 @@ def _unpack(data: bytes) -> list[bytes]:
     return out
 
 
-def encode(msg: Message, epoch: str) -> tuple[bytes, Headers]:
-    """`msg` as a hop record; `epoch`: the sender's `<node>:<incarnation>`."""
+@dataclass(frozen=True)
+class Mark:
+    """A checkpoint on its way round the ring: sent by the head when no round is in flight,
+    ahead of round `round`; every node adds its slice ranges for that round and passes it on."""
+
+    round: int
+    layout: tuple[str, ...]
+    ranges: dict[str, list] = field(default_factory=dict)
+
+
+HopMessage = Message | Mark
+
+
+def encode(msg: HopMessage, epoch: int) -> tuple[bytes, Headers]:
+    """`msg` as a hop record; `epoch`: the ring epoch the sender is in."""
     value, headers = _encode(msg)
-    return value, headers + [("sj-epoch", epoch.encode())]
+    return value, headers + [("sj-epoch", str(epoch).encode())]
 
 
-def restamp(headers: Headers | None, epoch: str) -> Headers:
+def restamp(headers: Headers | None, epoch: int) -> Headers:
     """A received record's headers with the forwarding node's `epoch` in place of the sender's."""
-    return [(k, v) for k, v in headers or [] if k != "sj-epoch"] + [("sj-epoch", epoch.encode())]
+    return [(k, v) for k, v in headers or [] if k != "sj-epoch"] + [("sj-epoch", str(epoch).encode())]
 
 
-def epoch_of(headers: Headers | None) -> tuple[str, str]:
-    """(sender node, its incarnation) of a hop record; ("", "") for one without an epoch."""
-    raw = dict(headers or []).get("sj-epoch", b"").decode()
-    node, _, incarnation = raw.rpartition(":")
-    return node, incarnation
+def epoch_of(headers: Headers | None) -> int:
+    """The ring epoch a hop record was sent in; -1 for one without a readable epoch."""
+    raw = dict(headers or []).get("sj-epoch", b"")
+    try:
+        return int(raw)
+    except ValueError:
+        return -1
 
 
-def _encode(msg: Message) -> tuple[bytes, Headers]:
+def encode_logged(probe: Probe, epoch: int, head: dict) -> tuple[bytes, Headers]:
+    """A round log record: the round's Probe, the epoch that released it, the head's state after it."""
+    value, headers = encode(probe, epoch)
+    return value, headers + [("sj-head", json.dumps(head, separators=(",", ":")).encode())]
+
+
+def decode_logged(value: bytes | None, headers: Headers | None) -> LoggedRound:
+    """A round log record back (raises on a record that is none: the head wrote every one)."""
+    probe = decode(value, headers)
+    if not isinstance(probe, Probe):
+        raise ValueError("a round log record holds a probe")
+    return LoggedRound(epoch_of(headers), probe, json.loads(dict(headers or [])["sj-head"]))
+
+
+def _encode(msg: HopMessage) -> tuple[bytes, Headers]:
+    if isinstance(msg, Mark):
+        mark = {"layout": list(msg.layout), "ranges": msg.ranges}
+        return b"", [("sj-kind", b"mark"), ("sj-round", str(msg.round).encode()),
+                     ("sj-mark", json.dumps(mark, separators=(",", ":")).encode())]
     if isinstance(msg, Build):
         return encode_block(msg.tuples), [("sj-kind", b"build"), ("sj-round", str(msg.round).encode()),
                                           ("sj-stream", str(msg.stream).encode())]
@@ -89,9 +131,12 @@ def _encode(msg: Message) -> tuple[bytes, Headers]:
                  ("sj-info", _info_json(msg.info)), ("sj-lap", str(msg.lap).encode())]
 
 
-def decode(value: bytes | None, headers: Headers | None) -> Message:
+def decode(value: bytes | None, headers: Headers | None) -> HopMessage:
     h = {k: v.decode() for k, v in headers or []}
     kind, rnd = h["sj-kind"], int(h["sj-round"])
+    if kind == "mark":
+        mark = json.loads(h["sj-mark"])
+        return Mark(rnd, tuple(mark["layout"]), mark["ranges"])
     if kind == "build":
         return Build(rnd, int(h["sj-stream"]), decode_block(value or b""))
     if kind == "probe":

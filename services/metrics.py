@@ -126,9 +126,22 @@ RING_RESPONSE_SECONDS = BlockHistogram(
     DELAY_BUCKETS, REGISTRY)
 RING_FAILED = Gauge("streamjoin_ring_failed", "1 once the ring stopped producing results, by reason "
                     "(node-restarted, stale-epoch, delivery)", ["reason"], registry=REGISTRY)
-RING_STALE = Counter("streamjoin_ring_stale_messages", "Hop messages rejected: sent by another incarnation of "
-                     "their node than the ring started with", registry=REGISTRY)
+RING_STALE = Counter("streamjoin_ring_stale_messages", "Hop messages dropped: sent in an older ring epoch (before "
+                     "a rollback), or by another incarnation of their node than the ring started with (recovery off)",
+                     registry=REGISTRY)
+RING_EPOCH = Gauge("streamjoin_ring_epoch", "The ring epoch this node is in (the offset of its RingStart on the "
+                   "epochs topic; every node start opens one)", registry=REGISTRY)
+RING_RECOVERIES = Counter("streamjoin_ring_recoveries_total", "Rollbacks of this node to the last ring checkpoint",
+                          registry=REGISTRY)
+RING_REDRIVEN = Counter("streamjoin_ring_rounds_redriven_total", "Logged rounds the head released again after a "
+                        "rollback", registry=REGISTRY)
+RING_RECOVERY_SECONDS = Gauge("streamjoin_ring_recovery_seconds", "Last rollback at the head: seconds from its start "
+                              "until every re-driven round was back", registry=REGISTRY)
+RING_CHECKPOINTS = Counter("streamjoin_ring_checkpoints_total", "Ring checkpoints the head wrote", registry=REGISTRY)
+RING_LOGGED_BYTES = Counter("streamjoin_ring_logged_bytes_total", "Bytes of rounds the head wrote to the round log",
+                            registry=REGISTRY)
 RING_ROUNDS = Counter("streamjoin_ring_rounds", "Rounds the ring head closed", registry=REGISTRY)
+RING_REPLACED = Counter("streamjoin_ring_replaced_total", "ring nodes handed to a standby", registry=REGISTRY)
 RING_HANDLE_SECONDS = Histogram("streamjoin_ring_handle_seconds", "Time to handle one ring message",
                                 buckets=(.0005, .001, .005, .01, .05, .1, .5, 1, 5), registry=REGISTRY)
 OFFSETS_RECOMMITTED = Counter("streamjoin_offsets_recommitted", "Idle input partitions whose committed offset was "

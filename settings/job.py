@@ -207,6 +207,21 @@ class RingSpec(_Strict):
         default="passive", description="on a resize: slice bounds move gradually, or state moves at once")
     passive_rounds: int = Field(default=20, ge=1, description="rounds over which passive relocation moves bounds")
     round_ms: int = Field(default=100, gt=0, description="how often the head releases a round by watermark")
+    standby_after_ms: int | None = Field(
+        default=None, gt=0,
+        description="a ring node silent this long is replaced by a standby (an alive worker outside the layout), "
+                    "if there is one; until then the ring waits for it to restart. Unset: "
+                    "coordinator.heartbeat_timeout_ms")
+    recovery: bool = Field(
+        default=True,
+        description="crash recovery: the head logs every round before it enters the ring and the ring checkpoints "
+                    "every checkpoint_ms; a restarted node rolls the ring back to the last checkpoint and the logged "
+                    "rounds run again. false: no log, no checkpoints, and a restarted node stops the ring (fenced)")
+    checkpoint_ms: int = Field(
+        default=5_000, gt=0,
+        description="how often the ring checkpoints (with recovery): the head stops releasing until the rounds in "
+                    "flight are back, then a mark collects every node's slice ranges; what a rollback re-drives "
+                    "is at most this much of rounds")
 
 
 class SplitJoinSpec(_Strict):
@@ -756,6 +771,16 @@ class JobSettings(BaseModel):
     def merger_topic(self) -> str:
         """Internal (splitjoin mode): the merger's checkpoints, written with the results they cover."""
         return f"{self.job}.merger"
+
+    @property
+    def ring_log_topic(self) -> str:
+        """Ring mode: every round the head released, in order (one partition), for crash recovery."""
+        return f"{self.job}.ring-rounds"
+
+    @property
+    def ring_epochs_topic(self) -> str:
+        """Ring mode: node starts (each one a new ring epoch) and checkpoints, in order (one partition)."""
+        return f"{self.job}.ring-epochs"
 
     def hop_topic(self, node: str) -> str:
         """Ring mode: the one-partition topic a ring node reads (FIFO from its predecessor)."""

@@ -2,7 +2,7 @@
 
 Cluster-wide `replication_factor` and `min_insync_replicas` (unset = the
 cluster's own defaults), and per role (`input`, `results`, `commits`, `changelog`,
-`dead_letter`, `control`, `placement`, `by_key`, `ring_hop`) overrides of
+`dead_letter`, `control`, `placement`, `by_key`, `ring_hop`, `ring_log`, `ring_epochs`) overrides of
 those two plus `retention_ms`, `cleanup_policy` and free-form `extra` topic
 configs. A field left unset takes the role's default (ROLE_DEFAULTS, reasons
 there). Settings that would endanger recovery or exactness are rejected at
@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TopicRole = Literal["input", "results", "commits", "changelog", "dead_letter", "control", "placement", "by_key",
-                    "ring_hop", "core_output"]
+                    "ring_hop", "ring_log", "ring_epochs", "core_output"]
 ROLES: tuple[TopicRole, ...] = get_args(TopicRole)
 CleanupPolicy = Literal["delete", "compact", "compact,delete"]
 TopicConfigValue = str | int | float | bool
@@ -32,7 +32,7 @@ DAY_MS = 24 * HOUR_MS
 # drop records that share a key (results share a join key, inputs and dead letters a user's key,
 # hop messages and re-routed records have no key, and a compacted topic refuses unkeyed writes).
 NEVER_COMPACTED: frozenset[TopicRole] = frozenset({"input", "results", "dead_letter", "by_key", "ring_hop",
-                                                   "core_output"})
+                                                   "ring_log", "core_output"})
 # Roles recovery reads for the latest record per key (group, node, partition group): only
 # compaction keeps that record however old it is.
 ALWAYS_COMPACTED: frozenset[TopicRole] = frozenset({"commits", "changelog", "placement"})
@@ -96,8 +96,12 @@ class RoleTopics(_Strict):
 #               keeps repartition topics forever and purges them (DeleteRecords) after each commit;
 #               we do not purge (Tansu has no DeleteRecords), so retention bounds the topic and must
 #               cover what recovery re-reads: the window, the lateness and a worker's outage.
-#   ring_hop    delete, 1 h, 10-min segments: a hop message is read within a round trip; ring nodes
-#               keep no state across a crash, so an old hop message is never read again.
+#   ring_hop    delete, 1 h, 10-min segments: a hop message is read within a round trip; after a
+#               crash the ring rolls back and re-drives from the round log, never from old hop messages.
+#   ring_log    delete, 7 days: every round the head released, read back after a crash to rebuild the
+#               nodes' slices from the last checkpoint; must cover the window, the lateness and an outage.
+#   ring_epochs compact: node starts (one key per incarnation) and the latest checkpoint (one key); a
+#               restarted node reads it whole, so only the newest checkpoint is worth keeping.
 ROLE_DEFAULTS: dict[TopicRole, RoleTopics] = {
     "input": RoleTopics(cleanup_policy="delete"),
     "results": RoleTopics(cleanup_policy="delete"),
@@ -108,6 +112,8 @@ ROLE_DEFAULTS: dict[TopicRole, RoleTopics] = {
     "dead_letter": RoleTopics(cleanup_policy="delete", retention_ms=30 * DAY_MS),
     "by_key": RoleTopics(cleanup_policy="delete", retention_ms=7 * DAY_MS),
     "ring_hop": RoleTopics(cleanup_policy="delete", retention_ms=HOUR_MS, extra={"segment.ms": 10 * 60_000}),
+    "ring_log": RoleTopics(cleanup_policy="delete", retention_ms=7 * DAY_MS),
+    "ring_epochs": RoleTopics(cleanup_policy="compact"),
     # SplitJoin cores' results and punctuations: the merger re-reads them after a restart.
     "core_output": RoleTopics(cleanup_policy="delete", retention_ms=7 * DAY_MS),
 }
@@ -143,6 +149,8 @@ class TopicsSpec(_Strict):
     placement: RoleTopics = RoleTopics()
     by_key: RoleTopics = RoleTopics()
     ring_hop: RoleTopics = RoleTopics()
+    ring_log: RoleTopics = RoleTopics()
+    ring_epochs: RoleTopics = RoleTopics()
     core_output: RoleTopics = RoleTopics()
 
     def effective(self, role: TopicRole) -> RoleTopics:

@@ -566,11 +566,14 @@ def bench(
     nodes: Annotated[Optional[str], typer.Option(
         "--nodes", help="band only: ring sizes as a comma list (e.g. 1,2,4), run as a scaling curve on the time "
                         "window; the JSON's `scaling` gives each N's sustained tuples/s and its ratio to N=1")] = None,
+    durability: Annotated[bool, typer.Option(
+        "--durability", help="band only: every run again with ring.recovery off; the JSON's `durability` gives "
+                             "both rates and what crash recovery costs")] = False,
 ) -> None:
     """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact."""
     from streamjoin.bench import WORKLOADS, run_bench
 
-    options = _bench_options(workload, nodes)
+    options = _bench_options(workload, nodes, durability)
     if workload == "spill":  # in-process workers on simulated time: no broker, no Spark
         from streamjoin.bench import report, spill
 
@@ -587,18 +590,18 @@ def bench(
     raise typer.Exit(0 if result.get("exact") else 1)
 
 
-def _bench_options(workload: str, nodes: str | None) -> dict:
-    """The workload's own keywords from the bench options (nodes: --nodes as typed); a bad
-    value, or an option the workload does not take, exits 2 before anything starts."""
-    if nodes is None:
+def _bench_options(workload: str, nodes: str | None, durability: bool = False) -> dict:
+    """The workload's own keywords from the bench options (nodes: --nodes as typed; durability:
+    --durability); a bad value, or an option the workload does not take, exits 2 before anything starts."""
+    if nodes is None and not durability:
         return {}
     if workload != "band":
-        console.print(f"[red]error:[/red] --nodes is for `bench band` only, not {workload!r}")
+        console.print(f"[red]error:[/red] --nodes and --durability are for `bench band` only, not {workload!r}")
         raise typer.Exit(2)
     from streamjoin.bench.band import parse_nodes
 
     try:
-        return {"nodes": parse_nodes(nodes)}
+        return ({"nodes": parse_nodes(nodes)} if nodes is not None else {}) | ({"durability": True} if durability else {})
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

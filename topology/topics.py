@@ -67,6 +67,8 @@ def plan(job: JobSettings) -> list[TopicPlan]:
         topics += [_planned(job, job.by_key_topic(s), "by_key", p, stream=s.name) for s in job.streams]
         if job.worker.changelog:  # partition g: group g's state writes
             topics.append(_planned(job, job.changelog_topic, "changelog", p))
+    if job.join.mode == "ring":  # one partition each: rounds and epochs are read back in order
+        topics += [_planned(job, job.ring_log_topic, "ring_log", 1), _planned(job, job.ring_epochs_topic, "ring_epochs", 1)]
     if job.join.mode == "splitjoin":
         cores = job.splitjoin.max_cores
         topics += [

@@ -88,6 +88,7 @@ class Coordinator:
                     elif isinstance(msg, (control.MoveGroup, control.DrainWorker)):
                         self.on_request(msg)
             self._fail_over()
+            self._replace_ring_nodes()
             self._adapt()
             self._update_metrics()
 
@@ -197,6 +198,13 @@ class Coordinator:
             faults.reach("failover-stored")
             for worker in sorted({r.worker for r in records}):
                 self._assign(worker)
+
+    def _replace_ring_nodes(self) -> None:
+        """Ring mode: hand silent ring nodes to standbys (ring.py `check_standbys`). Not while this
+        coordinator hears no heartbeat at all: then the silence is its own, not the nodes'."""
+        if self.ring is None or not self._hearing():
+            return
+        self.ring.check_standbys(self.last_seen, time.monotonic())
 
     def _adapt(self) -> None:
         """`coordinator.placement: adaptive`: at the end of each reorganisation epoch, plan seeds

@@ -63,7 +63,9 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
             "generations": b.generations if b else None,
             "cleanup_backlog_bytes": b.cleanup_backlog_bytes if b else None,
             "ring_failed": b.ring_failed if b else None,
+            "ring_recovery": b.ring_recovery if b else None,
         })
     failed = sorted({b.ring_failed for b in beats.values() if b.ring_failed})
+    epochs = [b.ring_recovery["epoch"] for b in beats.values() if "epoch" in b.ring_recovery]
     return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "moving": moving, "workers": rows,
-            "ring_failed": ", ".join(failed)}
+            "ring_failed": ", ".join(failed), "ring_epoch": int(max(epochs)) if epochs else None}

@@ -7,25 +7,32 @@ that node's hop topic in order, results to the results topic. A message to
 itself (a ring of one, or a partial's lap around a one-node ring) stays in
 process.
 
-The worker the coordinator puts first in the ring is the head: it also reads
-every partition of the m source topics, merges them in event-time order by
-watermark (min over every source partition of the newest event time, minus the
-allowed lateness; idle partitions left out, engine/watermark.py), sends
-records older than that to the dead-letter topic, and every `ring.round_ms`
-releases what the watermark lets go as one round. A round's RoundRelease goes
-to the commits topic once its End is back, every node having flushed its
-results before passing the End on: the release means "all written".
+The worker the coordinator puts first in the ring is the head
+(services/worker/ring_head.py): it reads every partition of the m source
+topics, merges them by watermark and every `ring.round_ms` releases what the
+watermark lets go as one round. A round's RoundRelease goes to the commits
+topic once its End is back, every node having flushed its results before
+passing the End on: the release means "all written".
 
-Restarts are fenced (there is no ring crash recovery yet): hop and source
-consumers start from the beginning, so a restarted node would replay old
-messages into empty slices. Every node incarnation announces itself with a
-RingStart on the control topic and stamps its hop messages with it (the ring
-epoch); a node finding an earlier RingStart of its own id at start reports
-RingFailed and exits with RING_FENCED_EXIT instead of joining, hop messages of
-another incarnation than the recorded one are rejected, and every node that
-sees a RingFailed stops producing results (metric streamjoin_ring_failed, the
-heartbeat's ring_failed, `streamjoin status`). A failed delivery of any ring
-record fails the ring the same way.
+Crash recovery (`ring.recovery`, on by default). The ring lives in epochs: every
+node incarnation starts one with a RingStart on the epochs topic
+`<job>.ring-epochs` (schemas/ring_epochs.py), numbered by that record's offset,
+and stamps its hop records with the epoch it is in. Every node reading a
+RingStart rolls back to the checkpoint the RingStart names: it rebuilds its
+slices from the round log, learns which results were written since (their ids,
+which re-driven rounds make again and the writer then skips), and the head
+re-drives the rounds logged after the checkpoint before it releases new ones.
+A hop record of an older epoch is dropped; one of a newer epoch makes the node
+read the epochs topic up to it first. The coordinator may hand a silent node's
+id to a standby (RingReplace, on the same topic): ids are worked out from that
+log, so a replaced process that comes back takes the standby's id.
+
+With `ring.recovery: false` restarts are fenced instead: a node finding an
+earlier start of its own id reports RingFailed and exits with
+RING_FENCED_EXIT, and every node that sees a RingFailed stops producing
+results (metric streamjoin_ring_failed, the heartbeat's ring_failed,
+`streamjoin status`). A failed delivery of any ring record fails the ring the
+same way in both modes.
 """
 
 from __future__ import annotations
@@ -40,29 +47,30 @@ import numpy as np
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
-from streamjoin.engine.block import PART, TS, Block
+from streamjoin.engine.block import Block
 from streamjoin.engine.predicates import compile_terms
-from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
-from streamjoin.engine.psp.messages import Build, End, Partial, Probe, RoundInfo
+from streamjoin.engine.psp.head import RoundPlanner
+from streamjoin.engine.psp.messages import Build, End, Partial, RoundInfo
 from streamjoin.engine.psp.messages import Message as RingMessage
 from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column
+from streamjoin.engine.psp.recovery import rebuild, slice_ranges
 from streamjoin.engine.psp.slices import G, SSEQ
-from streamjoin.engine.watermark import InputClock
-from streamjoin.schemas import control, ring as wire
+from streamjoin.schemas import control, ring as wire, ring_epochs
 from streamjoin.schemas.control import RING_FENCED_EXIT
-from streamjoin.schemas.results import RoundRelease, dead_letter_headers
+from streamjoin.schemas.results import RoundRelease
+from streamjoin.schemas.ring_epochs import RingCheckpoint, RingReplace, RingStart
 from streamjoin.services import kafka, metrics
 from streamjoin.services.shutdown import StopFlag, started
-from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
-from streamjoin.services.worker.processor import late_records
 from streamjoin.services.worker.output import Deliveries, ResultWriter, flush, udf_dead_letters
 from streamjoin.services.worker.main import stream_templates
+from streamjoin.services.worker.ring_head import RingHead, ensure_hop_topic, ranges_json
+from streamjoin.services.worker.ring_recovery import checkpointed_rounds, ranges_of, unwritten, written_ids
 from streamjoin.settings import JobSettings
-from streamjoin.topology import topics
 
 log = structlog.get_logger("streamjoin.worker.ring")
 MAX_HOP_BYTES = 4 << 20  # a Build or Partial above this (NumPy bytes) is split; see _pieces
+CATCH_UP_S = 60.0  # how long a hop record of a newer epoch may wait for its RingStart to be readable
 
 
 def ring_plan(job: JobSettings, orders: tuple[tuple[int, ...], ...] | None = None) -> RingPlan:
@@ -86,13 +94,16 @@ class RingWorker:
         self.job, self.cluster, self.id = job, cluster, worker_id
         self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
         self.plan = ring_plan(job)
-        self.node = RingNode(worker_id, self.plan, ring_templates(job))
+        self.templates = ring_templates(job)
+        self.node = RingNode(worker_id, self.plan, self.templates)
         self.hop_in = cluster.consumer(f"{job.consumer_group}-ring-{worker_id}")
         self.out = cluster.producer()
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
+        self.epochs_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-epochs")
         self.local: deque[RingMessage] = deque()
         self.passing: tuple[RingMessage, wire.Record] | None = None  # the message being handled, as received
         self.head: RingHead | None = None
+        self.layout_msg: control.RingLayout | None = None  # the coordinator's latest
         self.deliveries = Deliveries()
         self.results = ResultWriter(job, self.out, self.deliveries, every_report=True)
         self.health = metrics.HealthState()
@@ -100,7 +111,13 @@ class RingWorker:
         self.metrics_url = ""
         self.dead_seen: set[tuple[int, int, int]] = set()
         self.incarnation = uuid.uuid4().hex
-        self.incarnations: dict[str, str] = {}  # node -> the incarnation the ring started with
+        self.first_start: dict[str, str] = {}  # node -> its first incarnation (recovery off: fencing)
+        self.epoch = -1  # the ring epoch this node is in: the offset of the latest RingStart read
+        self.live = False  # this incarnation's own RingStart was read: RingStarts roll it back
+        self.checkpoint: RingCheckpoint | None = None  # what the next rollback returns to
+        self.written = np.empty(0, "S32")  # ids of results written since the checkpoint (re-driven ones skip them)
+        self.reincarnate = False  # a RingReplace changed this process's id: start again under it
+        self.recoveries = 0  # rollbacks of this process
         self.failed = ""  # why the ring stopped producing results; "" while it runs
 
     # ------------------------------------------------------------------ main
@@ -110,18 +127,18 @@ class RingWorker:
         self.metrics_url = metrics.serve_url(self.metrics_port, self.health)
         if not started(self.stop_flag, self._start_up, log, "ring worker stopped before it started", worker=self.id):
             return
-        self.hop_in.assign([TopicPartition(self.job.hop_topic(self.id), 0, OFFSET_BEGINNING)])
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_BEGINNING)])
         self.health.ready, self.health.detail = True, "running"
-        log.info("ring worker started", worker=self.id, incarnation=self.incarnation, metrics=self.metrics_url)
+        log.info("ring worker started", worker=self.id, incarnation=self.incarnation, epoch=self.epoch,
+                 metrics=self.metrics_url)
         last_beat = 0.0
         while not self.stop_flag.set:
             self._poll_control()
+            self._poll_epochs()
+            if self.reincarnate:
+                self._guarded(self._start_incarnation)
             for m in self.hop_in.consume(500, 0.005 if self.head else 0.05):
-                if m.error() is not None:
-                    metrics.BROKER_ERRORS.labels(m.error().name()).inc()
-                elif self._current(*wire.epoch_of(m.headers())):
-                    self._guarded(self._handle, wire.decode(m.value(), m.headers()), wire.Record(m.value(), m.headers()))
+                self._on_hop_record(m)
             self._guarded(self._drain_local)
             if self.head is not None and not self.failed:
                 self._guarded(self.head.tick)
@@ -130,52 +147,121 @@ class RingWorker:
             if time.monotonic() - last_beat >= self.job.worker.heartbeat_ms / 1000:
                 self._heartbeat()
                 last_beat = time.monotonic()
-        self.hop_in.close()
-        self.control_in.close()
+        for consumer in (self.hop_in, self.control_in, self.epochs_in):
+            consumer.close()
         self._guarded(flush, self.out, self.deliveries)
         log.info("ring worker stopped", worker=self.id)
 
     def _start_up(self) -> None:
         kafka.wait_for_broker(self.cluster, log)
-        ensure_hop_topic(self.job, self.cluster, self.id)
-        self._announce()
+        while self.job.ring_epochs_topic not in self.cluster.admin().list_topics(timeout=30).topics:
+            time.sleep(0.5)  # the coordinator creates it
+        end = kafka.end_offsets(self.cluster, [(self.job.ring_epochs_topic, 0)], f"{self.job.consumer_group}-{self.id}-ends")
+        self.epochs_in.assign([TopicPartition(self.job.ring_epochs_topic, 0, OFFSET_BEGINNING)])
+        self._read_epochs_until(lambda: self._epochs_position() >= end[(self.job.ring_epochs_topic, 0)])
+        if not self.job.ring.recovery and self.id in self.first_start:
+            self._fence()
+        self._start_incarnation()
 
     def stop(self) -> None:
         self.stop_flag.request()
 
-    # ---------------------------------------------------------------- fencing
-    def _announce(self) -> None:
-        """Read the control topic to its end; if this node id started before in this job, report
-        the ring failed and exit with RING_FENCED_EXIT, else record this incarnation (RingStart)."""
-        while self.job.control_topic not in self.cluster.admin().list_topics(timeout=30).topics:
-            time.sleep(0.5)  # the coordinator creates it
-        for m in kafka.read_partition(self.cluster, self.job.control_topic, 0, 0, f"{self.job.consumer_group}-{self.id}-fence"):
-            msg = control.decode_control(m.value())
-            if isinstance(msg, control.RingStart):
-                self.incarnations.setdefault(msg.worker, msg.incarnation)
-        if self.id in self.incarnations:
-            self._fail("node-restarted", f"ring node {self.id} restarted (it started before as incarnation "
-                                         f"{self.incarnations[self.id]}); its slices are lost and ring crash recovery "
-                                         "does not exist yet: the ring stops producing results")
-            self.out.flush(30)
-            raise SystemExit(RING_FENCED_EXIT)
-        start = control.RingStart(worker=self.id, incarnation=self.incarnation)
-        self.out.produce(self.job.control_topic, value=control.encode(start), key=self.id.encode(), partition=0,
-                         on_delivery=self.deliveries.report)
+    # ---------------------------------------------------------------- epochs
+    def _start_incarnation(self) -> None:
+        """Start (again) under this process's id: read the hop topic from its end on (what is
+        there belongs to an earlier epoch), announce a RingStart naming the checkpoint to roll
+        back to, and wait until it is read back (the rollback happens there)."""
+        self.reincarnate, self.live = False, False
+        if self.head is not None:
+            self.head.sources.close()
+            self.head = None
+        ensure_hop_topic(self.job, self.cluster, self.id)
+        hop = self.job.hop_topic(self.id)
+        end = kafka.end_offsets(self.cluster, [(hop, 0)], f"{self.job.consumer_group}-{self.id}-ends")[(hop, 0)]
+        self.hop_in.assign([TopicPartition(hop, 0, end)])
+        self.incarnation = uuid.uuid4().hex
+        start = RingStart(worker=self.id, incarnation=self.incarnation,
+                          checkpoint=self.checkpoint if self.job.ring.recovery else None, wall_ms=_now_ms())
+        self.out.produce(self.job.ring_epochs_topic, value=ring_epochs.encode(start), key=ring_epochs.start_key(start),
+                         partition=0, on_delivery=self.deliveries.report)
         flush(self.out, self.deliveries)
-        self.incarnations[self.id] = self.incarnation
+        self._read_epochs_until(lambda: self.live or self.reincarnate)
+        if self.layout_msg is not None:
+            self._on_layout(self.layout_msg)
 
-    def _current(self, node: str, incarnation: str) -> bool:
-        """Whether a hop record from `node`'s `incarnation` belongs to this ring: not when the
-        ring failed, nor when the ring started with another incarnation of that node."""
-        if self.failed:
-            return False
-        known = self.incarnations.get(node)
-        if known is None or known == incarnation:
-            return True
-        metrics.RING_STALE.inc()
-        self._fail("stale-epoch", f"a hop message from {node} incarnation {incarnation or '?'}; the ring runs with {known}")
-        return False
+    def _epochs_position(self) -> int:
+        at = self.epochs_in.position([TopicPartition(self.job.ring_epochs_topic, 0)])[0].offset
+        return max(at, 0)
+
+    def _read_epochs_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            if self.stop_flag.set:
+                raise SystemExit(0)
+            self._poll_epochs(0.2)
+
+    def _poll_epochs(self, timeout: float = 0) -> None:
+        for m in self.epochs_in.consume(100, timeout):
+            if m.error() is not None:
+                metrics.BROKER_ERRORS.labels(m.error().name()).inc()
+                continue
+            record = ring_epochs.decode(m.value())
+            if record is None:
+                metrics.DEAD_LETTER.labels("ring-epochs-unreadable").inc()
+            else:
+                self._apply(m.offset(), record)
+
+    def _apply(self, offset: int, record: ring_epochs.EpochRecord) -> None:
+        """One record of the epochs topic, in order (see the module docstring)."""
+        if isinstance(record, RingReplace):
+            role = ring_epochs.play(self.id, record)
+            if role != self.id:
+                log.warning("ring id handed over", worker=self.id, becomes=role, node=record.node, standby=record.standby)
+                self.id, self.reincarnate = role, self.live or self.reincarnate
+        elif isinstance(record, RingStart):
+            self.first_start.setdefault(record.worker, record.incarnation)
+            self.live = self.live or (record.worker == self.id and record.incarnation == self.incarnation)
+            if not self.job.ring.recovery:
+                self.epoch = 0  # one epoch: a restart is fenced, not rolled back
+                return
+            self.epoch, self.checkpoint = offset, record.checkpoint
+            metrics.RING_EPOCH.set(offset)
+            if self.live:
+                self._guarded(self._rollback, record)
+        elif self.job.ring.recovery and record.epoch == self.epoch:
+            self.checkpoint = record
+            self.written = np.empty(0, "S32")  # a checkpoint comes after every re-driven round is back
+
+    def _rollback(self, start: RingStart) -> None:
+        """Back to the checkpoint `start` names: slices rebuilt from the round log, the ids of the
+        results written since, and (the head) the rounds logged since queued to run again."""
+        began = time.monotonic()
+        flush(self.out, self.deliveries)  # this node's results so far are in what written_ids reads
+        self.local.clear()
+        self.passing = None
+        group = f"{self.job.consumer_group}-{self.id}-log"
+        rounds = checkpointed_rounds(self.job, self.cluster, group, self.checkpoint) if self.checkpoint else []
+        self.node = RingNode(self.id, self.plan, self.templates)
+        self.node.slices = rebuild(self.templates, ranges_of(self.checkpoint, self.id), [r.probe.tuples for r in rounds])
+        self.written = written_ids(self.job, self.cluster, f"{self.job.consumer_group}-{self.id}-results",
+                                   self.checkpoint.results_end if self.checkpoint else {})
+        if self.head is not None:
+            self.head.recover(self.checkpoint)
+        metrics.RING_RECOVERIES.inc()
+        self.recoveries += 1
+        log.info("ring node rolled back", worker=self.id, epoch=self.epoch, started_by=start.worker,
+                 checkpoint_round=self.checkpoint.at.next_round if self.checkpoint else 0,
+                 tuples=self.node.slices.tuples, written_since=len(self.written),
+                 seconds=round(time.monotonic() - began, 3))
+
+    # ---------------------------------------------------------------- fencing
+    def _fence(self) -> None:
+        """Recovery off: this node id started before in this job and its slices are gone, so the
+        ring stops (RingFailed) and this process exits with RING_FENCED_EXIT."""
+        self._fail("node-restarted", f"ring node {self.id} restarted (it started before as incarnation "
+                                     f"{self.first_start[self.id]}); its slices are lost and ring.recovery is "
+                                     "off: the ring stops producing results")
+        self.out.flush(30)
+        raise SystemExit(RING_FENCED_EXIT)
 
     def _guarded(self, step: Callable[..., None], *args: object) -> None:
         """Run a ring step; a failed delivery (raised by a flush) fails the ring."""
@@ -203,9 +289,9 @@ class RingWorker:
         for m in self.control_in.consume(100, 0):
             msg = control.decode_control(m.value()) if m.error() is None else None
             if isinstance(msg, control.RingLayout):
-                self._on_layout(msg)
-            elif isinstance(msg, control.RingStart):
-                self.incarnations.setdefault(msg.worker, msg.incarnation)
+                self.layout_msg = msg
+                if self.live:
+                    self._on_layout(msg)
             elif isinstance(msg, control.RingFailed) and not self.failed:
                 self._fail(msg.reason, f"reported by {msg.worker}: {msg.detail}")
 
@@ -218,11 +304,56 @@ class RingWorker:
             self.head = RingHead(self, RoundPlanner(ring_plan(self.job, orders), layout, self.job.ring.max_rounds_in_flight,
                                                     self.job.ring.slice_cap_tuples, self.job.ring.relocation,
                                                     self.job.ring.passive_rounds))
-            log.info("ring head started", layout=list(layout))
-        elif layout != self.head.target:
+            if self.job.ring.recovery:
+                self.head.recover(self.checkpoint)  # this epoch's rollback, which ran before there was a head
+            log.info("ring head started", layout=list(self.head.planner.layout))
+        if layout != self.head.target:
             self.head.resize(layout)
 
     # -------------------------------------------------------------- messages
+    def _on_hop_record(self, m: Message) -> None:
+        """One hop record: dropped when sent in an older epoch (or the ring failed), handled
+        once this node is in the record's epoch."""
+        if m.error() is not None:
+            metrics.BROKER_ERRORS.labels(m.error().name()).inc()
+            return
+        epoch = wire.epoch_of(m.headers())
+        if epoch > self.epoch and self.job.ring.recovery:
+            deadline = time.monotonic() + CATCH_UP_S
+            self._read_epochs_until(lambda: self.epoch >= epoch or self.reincarnate or time.monotonic() > deadline)
+        if self.failed or epoch != self.epoch or self.reincarnate:
+            metrics.RING_STALE.inc()
+            return
+        try:
+            msg = wire.decode(m.value(), m.headers())
+        except wire.DECODE_ERRORS as e:  # no ring node wrote it
+            metrics.DEAD_LETTER.labels("ring-hop-unreadable").inc()
+            log.error("unreadable hop record dropped", worker=self.id, offset=m.offset(), error=repr(e))
+            return
+        if isinstance(msg, wire.Mark):
+            self._guarded(self._on_mark, msg)
+        else:
+            self._guarded(self._handle, msg, wire.Record(m.value(), m.headers()))
+
+    def _on_mark(self, mark: wire.Mark) -> None:
+        """A checkpoint's Mark: back at the head it completes; elsewhere this node adds its
+        slice ranges for the Mark's round (every earlier round is through here) and passes it on."""
+        if self.head is not None and mark.layout and mark.layout[0] == self.id:
+            self.head.on_mark_back(mark)
+            return
+        if self.id not in mark.layout:
+            return
+        self._drain_local()
+        ranges = dict(mark.ranges) | {self.id: ranges_json(slice_ranges(self.node.slices, mark.round))}
+        at = mark.layout.index(self.id)
+        self.send_mark(mark.layout[(at + 1) % len(mark.layout)], wire.Mark(mark.round, mark.layout, ranges))
+
+    def send_mark(self, node: str, mark: wire.Mark) -> None:
+        value, headers = wire.encode(mark, self.epoch)
+        self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0,
+                         on_delivery=self.deliveries.report)
+        self.out.poll(0)
+
     def _handle(self, msg: RingMessage, record: wire.Record | None = None) -> None:
         """React to `msg`; `record`: the hop record it was decoded from (None: it came from this
         node itself), sent on as it is if the node forwards `msg` unchanged."""
@@ -267,7 +398,7 @@ class RingWorker:
             self._handle(self.local.popleft())
 
     def _produce(self, node: str, msg: RingMessage) -> None:
-        epoch = f"{self.id}:{self.incarnation}"
+        epoch = self.epoch
         if self.passing is not None and self.passing[0] is msg:
             # A Probe or Partial passing through: its record's bytes go on, not a re-encoding.
             record = self.passing[1]
@@ -280,6 +411,7 @@ class RingWorker:
                              on_delivery=self.deliveries.report)
 
     def _results(self, block: Block, info: RoundInfo | None) -> None:
+        block = unwritten(block, self.written)  # a re-driven round's results written before the rollback
         if len(block):
             self.results.write(block, blocks_key=self.id.encode())
             if info is not None:
@@ -299,6 +431,13 @@ class RingWorker:
             self.out.produce(self.job.dead_letter_topic, value=value, partition=partition, headers=headers,
                              on_delivery=self.deliveries.report)
 
+    def _recovery_status(self) -> dict[str, float]:
+        """What the heartbeat (and `streamjoin status`) says about crash recovery."""
+        status = {"epoch": float(self.epoch), "recoveries": float(self.recoveries)}
+        if self.head is not None:
+            status |= {"redriven": float(self.head.redriven_total), "recovery_s": self.head.last_recovery_s}
+        return status
+
     def _heartbeat(self) -> None:
         for j, s in enumerate(self.node.slices.streams):
             metrics.RING_SLICE_TUPLES.labels(self.job.streams[j].name).set(len(s.rows))
@@ -308,180 +447,12 @@ class RingWorker:
             lag=self.head.lag() if self.head else 0,
             ring_layout=list(self.head.planner.layout) if self.head else [],
             ring_busy=self.head.busy if self.head else False,
-            ring_round=self.head.planner.next_round if self.head else 0, ring_failed=self.failed)
+            ring_round=self.head.planner.next_round if self.head else 0, ring_failed=self.failed,
+            ring_recovery=self._recovery_status())
         # A lost heartbeat is retried by the next one: counted, but it does not fail the ring.
         self.out.produce(self.job.control_topic, value=control.encode(beat), key=self.id.encode(), partition=0,
                          on_delivery=_count_failed_delivery)
         self.out.poll(0)
-
-
-class RingHead:
-    """The head's duties: merge the sources by watermark, release rounds, run resizes."""
-
-    def __init__(self, worker: RingWorker, planner: RoundPlanner) -> None:
-        self.w, self.job, self.planner = worker, worker.job, planner
-        self.target = planner.layout
-        m = len(self.job.streams)
-        self.sources = worker.cluster.consumer(self.job.consumer_group)
-        metadata = worker.cluster.admin().list_topics(timeout=30).topics
-        # Ring mode does not partition by key: every partition of every source topic, whatever their counts.
-        self.source_partitions = [[TopicPartition(t, p) for p in sorted(metadata[t].partitions)]
-                                  for t in self.job.input_topics]
-        self.sources.assign([TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING)
-                             for parts in self.source_partitions for tp in parts])
-        self.topic_stream = {t: i for i, t in enumerate(self.job.input_topics)}
-        self.buffers: dict[int, RecordBuffer] = {}
-        self.sequencer = Sequencer(m)
-        self.pending = [_empty(b) for b in stream_templates(self.job)]
-        self.clock = InputClock([len(parts) for parts in self.source_partitions], self.job.join.allowed_lateness_ms,
-                                self.job.join.idle_timeout_ms, _now_ms())
-        self.offsets: dict[tuple[str, int], int] = {}
-        self.loaded: set[int] = set()  # rounds in flight that carry tuples
-        self.last_release = 0.0
-        self.paused: set[tuple[int, int]] = set()  # (stream, partition) whose intake waits for the rounds
-        self.tuples_per_record: float | None = None  # latest decode's ratio (block records hold many)
-        self.routing = routing_for(self.job, self.job.partitions)  # ring mode: no co-partitioning to check
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.loaded) or bool(self.planner.steps)
-
-    def lag(self) -> int:
-        return sum(len(b) for b in self.pending) + sum(len(b) for b in self.buffers.values())
-
-    def resize(self, layout: tuple[str, ...]) -> None:
-        for node in layout:
-            ensure_hop_topic(self.job, self.w.cluster, node)
-        self.planner.resize(layout)
-        self.target = layout
-        log.info("ring resize planned", layout=list(layout), relocation=self.job.ring.relocation)
-
-    def on_done(self, info: RoundInfo) -> None:
-        """Round `info` is back: its results are all written (send flushed before), so release it."""
-        self.w.release_record(info)
-        self.planner.on_done(info.round)
-        self.loaded.discard(info.round)
-        metrics.RING_ROUNDS.inc()
-
-    @property
-    def watermark(self) -> int:
-        return self.clock.watermark
-
-    def tick(self) -> None:
-        self._throttle()
-        room = self._room()
-        if not room:
-            self.clock.hold(_now_ms())  # not reading: no partition's silence counts toward idleness
-        for m in self.sources.consume(room, 0) if room else ():
-            self._take(m)
-        self._decode()
-        step = self.planner.step_ready()
-        if step is not None:
-            self.planner.apply(step)
-            log.info("ring stage applied", layout=list(step.layout), handoff=step.handoff, rounds=step.rounds)
-            if step.handoff:
-                self._release(step.handoff)
-            return
-        due = time.monotonic() - self.last_release >= self.job.ring.round_ms / 1000
-        if due and self.planner.can_release():
-            self._release()
-
-    def _throttle(self) -> None:
-        """Intake backpressure, so a backlog is taken as the rounds go, not all at once: rounds
-        stay near worker.max_batch_records tuples and the head's memory stays bounded. While a
-        stream holds that many tuples, its source partitions ahead of the one holding the
-        watermark back are paused (the consumer drops what it prefetched for them and resumes at
-        the next offset). Pausing is per partition, as the watermark is: the partition holding
-        it back is never paused, or nothing could be released. A paused partition is not idle."""
-        cap, now = self.job.worker.max_batch_records, _now_ms()
-        low = self.clock.low_newest(now)
-        want = {(i, p) for i, b in enumerate(self.pending) if len(b) >= cap and low is not None
-                for p in np.flatnonzero(self.clock.newest[i] > low).tolist()}
-        for i, p in want ^ self.paused:
-            (self.sources.pause if (i, p) in want else self.sources.resume)([self.source_partitions[i][p]])
-        for i, p in want:
-            self.clock.touch(i, np.array([p]), now)
-        self.paused = want
-
-    def _room(self) -> int:
-        """Records to take this tick (0: none): what keeps the held tuples near
-        worker.max_batch_records. Past it, one record at a time and only while fewer than that
-        many could be released (the stream holding the watermark back must move). Until a
-        decode has shown how many tuples a record holds, one record."""
-        if self.tuples_per_record is None:
-            return 1
-        cap = self.job.worker.max_batch_records
-        held = sum(len(b) for b in self.pending)
-        if held < cap:
-            return max(1, int((cap - held) / self.tuples_per_record))
-        low = self.clock.low_newest(_now_ms())
-        return 0 if low is not None and self._releasable(low) >= cap else 1
-
-    def _releasable(self, low_max_ts: int) -> int:
-        """Held tuples the next round would release if no more input came."""
-        wm = max(low_max_ts - self.job.join.allowed_lateness_ms, self.watermark)
-        return sum(int(np.count_nonzero(b[TS] < wm)) for b in self.pending if len(b))
-
-    def _take(self, m: Message) -> None:
-        if m.error() is not None:
-            metrics.BROKER_ERRORS.labels(m.error().name()).inc()
-            return
-        self.buffers.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m, m.partition())
-        self.offsets[(m.topic(), m.partition())] = m.offset() + 1
-
-    def _decode(self) -> None:
-        """Buffered records -> pending tuples; malformed and late ones to the dead-letter topic."""
-        for i, buf in self.buffers.items():
-            if not len(buf):
-                continue
-            slices = decode_by_group(self.job, i, buf, self.routing, {}, now_ms=int(time.time() * 1000))
-            dead: list[DeadRecord] = [d for sl in slices.values() for d in sl.dead]
-            blocks = [sl.block for sl in slices.values()]
-            block = Block({k: np.concatenate([b[k] for b in blocks]) for k in blocks[0].names})
-            self.tuples_per_record = max(1.0, len(block) / len(buf), 0.5 * (self.tuples_per_record or 1.0))
-            late = block[TS] < self.watermark
-            if late.any():  # hash mode's convention: a block record's late tuples go as a block of just those
-                dead += late_records(self.job, i, -1, buf, block.filter(late), self.watermark)
-            self._dead_letters(dead)
-            fresh = block.filter(~late)
-            self.clock.touch(i, np.unique(np.asarray(buf.partitions, np.int64)), _now_ms())
-            if len(fresh):
-                self.clock.observe(i, fresh[PART].astype(np.int64), fresh[TS])
-                self.pending = concat_pending(self.pending, [fresh if k == i else _empty(p)
-                                                             for k, p in enumerate(self.pending)])
-        self.buffers = {}
-
-    def _dead_letters(self, dead: list[DeadRecord]) -> None:
-        for d in dead:
-            topic = self.job.topic_of(self.job.streams[d.stream])
-            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
-                               partition=d.partition % self.job.partitions, headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1),
-                               on_delivery=self.w.deliveries.report)
-            metrics.DEAD_LETTER.labels(d.reason).inc()
-
-    def _release(self, handoff: dict[str, str] | None = None) -> None:
-        self._decode()
-        before = self.watermark
-        wm = self.clock.advance(_now_ms())
-        released, self.pending = release_before(self.pending, wm)
-        counts = tuple(self.sequencer.counts)
-        tuples = self.sequencer.sequence(released)
-        info = self.planner.next_info(before, counts, wm, handoff, now_ms=_now_ms())
-        self.last_release = time.monotonic()
-        if sum(len(b) for b in tuples):
-            self.loaded.add(info.round)
-            for i, b in enumerate(tuples):
-                metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(b))
-        probe = Probe(info, tuple(tuples))
-        # The Probe (and the Builds ahead of it) leave before the head probes the round itself.
-        out = self.w.node.release(probe, int(time.time() * 1000), early=lambda ob: self.w.send(ob, probe))
-        self.w.send(out, probe)
-        self._commit()
-
-    def _commit(self) -> None:
-        if self.offsets:
-            self.sources.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in self.offsets.items()],
-                                asynchronous=True)
 
 
 def _pieces(msg: RingMessage) -> list[RingMessage]:
@@ -506,16 +477,6 @@ def _count_failed_delivery(err: KafkaError | None, _msg: Message) -> None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _empty(block: Block) -> Block:
-    return block.take(np.empty(0, np.int64))
-
-
-def ensure_hop_topic(job: JobSettings, cluster: kafka.Cluster, node: str) -> None:
-    """A ring node's inbox: one partition, so its predecessor's messages stay in order; created
-    with the job's `topics.ring_hop` settings (concurrent creation by the head or the coordinator is fine)."""
-    topics.create_missing(cluster.admin(), [topics.hop_plan(job, node)], timeout=30)
 
 
 def run_ring_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:

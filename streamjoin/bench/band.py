@@ -319,9 +319,11 @@ class BacklogWriter:
 # ---------------------------------------------------------------- one ring run
 
 
-def ring_job(backlog: Backlog, env: BenchEnv, nodes: int) -> JobSettings:
+def ring_job(backlog: Backlog, env: BenchEnv, nodes: int, recovery: bool = True) -> JobSettings:
+    """The bench's ring job: `nodes` fixed; `recovery`: ring.recovery (round log and checkpoints)."""
     job = ours.fleet_job(backlog.job, env, f"band-{backlog.case.name}-n{nodes}", nodes)
-    return job.model_copy(update={"ring": job.ring.model_copy(update={"nodes": nodes, "max_nodes": nodes})})
+    return job.model_copy(update={"ring": job.ring.model_copy(update={"nodes": nodes, "max_nodes": nodes,
+                                                                      "recovery": recovery})})
 
 
 def metric_total(port: int, family: str = TUPLES_IN) -> float:
@@ -361,12 +363,12 @@ def fresh_broker(env: BenchEnv, name: str) -> Iterator[BenchEnv]:
         broker.stop()
 
 
-def run_ring(env: BenchEnv, backlog: Backlog, nodes: int, plan: Plan, consume: bool) -> dict:
+def run_ring(env: BenchEnv, backlog: Backlog, nodes: int, plan: Plan, consume: bool, recovery: bool = True) -> dict:
     """Backlog into a fresh broker, a ring of `nodes` reads it; sustained rate and the exactness check.
-    With `consume`, the raw-consumption peer reads the same topics first."""
+    With `consume`, the raw-consumption peer reads the same topics first; `recovery`: ring.recovery."""
     case = backlog.case
     with fresh_broker(env, f"{case.name}-n{nodes}") as here, ExitStack() as stack:
-        job = ring_job(backlog, here, nodes)
+        job = ring_job(backlog, here, nodes, recovery)
         topics.ensure(here.cluster.admin(), job)
         with env.phase(f"{case.name}: writing {backlog.tuples:,} tuples ({backlog.bytes / 1e6:.0f} MB)"):
             produce_backlog(here.cluster, job, backlog)
@@ -395,7 +397,7 @@ def run_ring(env: BenchEnv, backlog: Backlog, nodes: int, plan: Plan, consume: b
     offered = 2 * case.rate
     exact = bool(finished and check["exact"] and dead == 0 and restarts == 0)
     out = {
-        "window": case.kind, "window_size": case.size, "nodes": nodes,
+        "window": case.kind, "window_size": case.size, "nodes": nodes, "recovery": recovery,
         "rate_per_stream": case.rate, "offered_tuples_per_s": offered,
         "tuples_per_s": rate, "sustainable": rate is not None and rate >= offered,
         "per_core_tuples_per_s": None if rate is None else rate / MACHINE_CORES,
@@ -649,9 +651,12 @@ def splitjoin_published() -> dict:
 # ---------------------------------------------------------------- the workload
 
 
-def run(env: BenchEnv, quick: bool, plot_path: Path | None, nodes: tuple[int, ...] | None = None) -> dict:
+def run(env: BenchEnv, quick: bool, plot_path: Path | None, nodes: tuple[int, ...] | None = None,
+        durability: bool = False) -> dict:
     """The workload. nodes: ring sizes (see parse_nodes) to run as a scaling curve on the plan's
-    time window instead of the plan's own runs; the report then has a `scaling` section."""
+    time window instead of the plan's own runs; the report then has a `scaling` section.
+    durability: every run once more with ring.recovery off (no round log, no checkpoints); the
+    report's `durability` section gives both rates and their ratio, what crash recovery costs."""
     plan = QUICK if quick else FULL
     if nodes:
         plan = scaling_plan(plan, nodes)
@@ -665,13 +670,17 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None, nodes: tuple[int, ..
             with env.phase("reference peer"):
                 floor = run_reference(backlog, plan.reference_tuples)
         for c, size in plan.runs:
-            if c == case:
-                got = run_ring(env, backlog, size, plan, consume=consume is None)
+            for recovery in (True, False) if durability else (True,):
+                if c != case:
+                    continue
+                got = run_ring(env, backlog, size, plan, consume=consume is None, recovery=recovery)
                 consume = consume or {**got["kafka_consume"], "backlog": case.name,
                                       "input_tuples": backlog.tuples, "input_bytes": backlog.bytes}
                 runs.append(got["run"])
         del backlog  # the next one is as large
     assert consume is not None and floor is not None
+    off = [r for r in runs if not r["recovery"]]
+    runs = [r for r in runs if r["recovery"]]
     peers = {"splitjoin_published": splitjoin_published(), "kafka_consume": consume, "reference": floor}
     result = {
         "workload": "band",
@@ -681,6 +690,8 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None, nodes: tuple[int, ..
         "peers": peers,
         "ratios": ratios(runs, peers),
     }
+    if off:
+        result["durability"] = durability_cost(runs, off)
     if nodes:
         result["scaling"] = curve = scaling(runs)
         result["ratios"] |= {f"{run_key(r)}_vs_n{curve['base_nodes']}": point["vs_base"]
@@ -739,6 +750,18 @@ def scaling(runs: list[dict]) -> dict:
                                       f"N={base['nodes']}", "tuples/s")} for r in runs]
     return {"window": base["window"], "window_size": base["window_size"], "rate_per_stream": base["rate_per_stream"],
             "base_nodes": base["nodes"], "curve": curve}
+
+
+def durability_cost(on: list[dict], off: list[dict]) -> dict:
+    """Per run, the sustained rate with ring.recovery on beside the same run with it off, and
+    their ratio (1.0: recovery is free; the runs differ in that setting only)."""
+    pairs = []
+    for with_log, without in zip(on, off):
+        pairs.append({"run": run_key(with_log), "exact_on": with_log["exact"], "exact_off": without["exact"],
+                      "on_vs_off": report.ratio(with_log["tuples_per_s"], without["tuples_per_s"],
+                                                "sustained input rate with ring.recovery on over off", "tuples/s")})
+    return {"what": "round log flushed before every round enters the ring, a checkpoint every ring.checkpoint_ms "
+                    "(releases held until the ring drains)", "runs": pairs}
 
 
 def ratios(runs: list[dict], peers: dict) -> dict:

@@ -1,5 +1,5 @@
 """Issue 9 through the real parts: watermarks that do not depend on fetch order, idle
-inputs, and a restarted ring node fenced instead of corrupting output."""
+inputs, and (ring.recovery off) a restarted ring node fenced instead of corrupting output."""
 
 from __future__ import annotations
 
@@ -83,12 +83,13 @@ def test_an_idle_stream_lets_groups_progress(broker: embedded.EmbeddedBroker, fl
     assert tuples <= 7 * 2 + 50, tuples  # r keeps its last 2 rows per key (plus what is not final yet)
 
 
-def test_a_restarted_ring_node_is_fenced(broker: embedded.EmbeddedBroker, tmp_path: Path) -> None:
-    """SIGKILL a ring node mid-run; the supervisor restarts it. The new incarnation finds its
-    earlier start on the control topic, reports the ring failed and exits RING_FENCED_EXIT; no
-    node writes a result after that. Every result written is right and written once."""
-    job = band3(broker.bootstrap, tmp_path, ring={"nodes": 2}, coordinator={"expected_workers": 2,
-                                                                             "heartbeat_timeout_ms": 5000})
+def test_without_recovery_a_restarted_ring_node_is_fenced(broker: embedded.EmbeddedBroker, tmp_path: Path) -> None:
+    """`ring.recovery: false`. SIGKILL a ring node mid-run; the supervisor restarts it. The new
+    incarnation finds its earlier start on the epochs topic, reports the ring failed and exits
+    RING_FENCED_EXIT; no node writes a result after that. Every result written is right and
+    written once. (With recovery on, test_ring_recovery.py.)"""
+    job = band3(broker.bootstrap, tmp_path, ring={"nodes": 2, "recovery": False},
+                coordinator={"expected_workers": 2, "heartbeat_timeout_ms": 5000})
     fleet = ring_fleet(job, broker.bootstrap, tmp_path, ["w0", "w1"])
     fleet.restart_workers = True
     rows = band_rows(job, 1500, seed=13, span_ms=30_000)

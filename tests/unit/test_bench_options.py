@@ -1,6 +1,7 @@
 """`streamjoin bench` without Spark and with `--nodes`: workloads are imported only when
 they run, so band and psp resolve where pyspark cannot be imported; `bench band --nodes`
-parses a comma list of ring sizes into a scaling plan and reports each N against the smallest."""
+parses a comma list of ring sizes into a scaling plan and reports each N against the smallest;
+`--durability` pairs every run with one without ring recovery."""
 
 from __future__ import annotations
 
@@ -62,6 +63,16 @@ def test_scaling_plan_runs_the_time_window_at_each_size(plan: band.Plan) -> None
     assert scaled.round_cap == plan.round_cap and scaled.budget_s == plan.budget_s
 
 
+def test_durability_pairs_each_run_with_its_recovery_off_twin() -> None:
+    def run(rate: float, recovery: bool) -> dict:
+        return {"nodes": 2, "tuples_per_s": rate, "exact": True, "window": "time", "rate_per_stream": 1000.0,
+                "recovery": recovery}
+
+    cost = band.durability_cost([run(900.0, True)], [run(1000.0, False)])
+    assert cost["runs"][0]["run"] == "time_r1000_n2"
+    assert cost["runs"][0]["on_vs_off"]["ratio"] == 0.9
+
+
 def test_scaling_reports_each_n_against_the_smallest() -> None:
     def run(n: int, rate: float | None) -> dict:
         return {"nodes": n, "tuples_per_s": rate, "sustainable": True, "exact": True, "window": "time",
@@ -73,9 +84,10 @@ def test_scaling_reports_each_n_against_the_smallest() -> None:
     assert curve["curve"][1]["vs_base"]["ours"] == 3000.0 and curve["curve"][1]["vs_base"]["peer"] == 2000.0
 
 
-@pytest.mark.parametrize("args,words", [(["bench", "psp", "--nodes", "1,2"], "--nodes is for `bench band` only"),
+@pytest.mark.parametrize("args,words", [(["bench", "psp", "--nodes", "1,2"], "--nodes and --durability are for"),
                                         (["bench", "band", "--nodes", "0,2"], "1..64"),
-                                        (["bench", "spill", "--nodes", "2"], "--nodes is for `bench band` only")])
+                                        (["bench", "spill", "--nodes", "2"], "--nodes and --durability are for"),
+                                        (["bench", "psp", "--durability"], "--nodes and --durability are for")])
 def test_bench_cli_rejects_bad_nodes_before_starting(args: list[str], words: str) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output

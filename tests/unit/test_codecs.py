@@ -103,7 +103,7 @@ def test_an_image_ending_in_zero_bytes_crosses_a_ring_hop_and_still_matches() ->
 
     image = np.frombuffer(bytes([9] * 29 + [0]), "S30")
     sent = Build(3, 0, Block({"img": image}))
-    got = wire.decode(*wire.encode(sent, "w0:1"))
+    got = wire.decode(*wire.encode(sent, 1))
     assert got.tuples["img"].dtype == image.dtype
     assert pixel_similarity(got.tuples["img"], image).tolist() == [True]
     assert pixel_similarity(image, np.frombuffer(bytes([9] * 29), "S29")).tolist() == [True]  # widths may differ
