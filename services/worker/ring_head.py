@@ -25,7 +25,7 @@ from streamjoin.engine.block import OFF, PART, TS, Block
 from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
 from streamjoin.engine.psp.messages import Probe, RoundInfo
 from streamjoin.engine.psp.recovery import Redrive, slice_ranges
-from streamjoin.engine.watermark import InputClock
+from streamjoin.engine.watermark import NO_TIME, InputClock
 from streamjoin.schemas import ring as wire, ring_epochs
 from streamjoin.schemas.codecs import BLOCK_SHIFT
 from streamjoin.schemas.results import dead_letter_headers
@@ -290,13 +290,19 @@ class RingHead:
         self.pending = [_empty(b) for b in self.pending]
         self.buffers, self.loaded, self.marking, self.redriven = {}, set(), None, set()
         self.planner.in_flight = set()
-        if state is not None:
-            self._restore(state)
+        self._restore(state if state is not None else self._initial_state())
         self.redrive = Redrive(rounds)
         self.recovering_since = time.monotonic() if rounds else None
         self.last_checkpoint = time.monotonic()
         log.info("ring head rolled back", worker=self.w.id, epoch=self.w.epoch, redrive=len(rounds),
                  next_round=self.planner.next_round)
+
+    def _initial_state(self) -> dict:
+        """The state before any round: what a rollback with nothing logged returns to (tuples
+        read but not released yet are read again from the sources' start)."""
+        return {"sequencer": Sequencer(len(self.job.streams)).state(), "planner": self.planner.state(),
+                "watermark": NO_TIME, "newest": [[NO_TIME] * len(n) for n in self.clock.newest], "read": {},
+                "resume": {}}
 
     def _restore(self, state: dict) -> None:
         self.sequencer.restore(state["sequencer"])
@@ -309,6 +315,8 @@ class RingHead:
             self.clock.newest[i][:] = np.asarray(newest, np.int64)
         self.clock.hold(_now_ms())
         self.offsets = {}
+        for replay in self.replay_below:
+            replay[:] = 0
         for key, o in state["read"].items():
             topic, _, p = key.rpartition(":")
             self.offsets[(topic, int(p))] = int(o)
