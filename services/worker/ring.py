@@ -64,7 +64,7 @@ from streamjoin.services import kafka, metrics
 from streamjoin.services.shutdown import StopFlag, started
 from streamjoin.services.worker.output import Deliveries, ResultWriter, flush, udf_dead_letters
 from streamjoin.services.worker.main import stream_templates
-from streamjoin.services.worker.ring_head import RingHead, ensure_hop_topic, ranges_json
+from streamjoin.services.worker.ring_head import RingHead, ensure_hop_topic, now_ms, ranges_json
 from streamjoin.services.worker.ring_recovery import checkpointed_rounds, ranges_of, unwritten, written_ids
 from streamjoin.settings import JobSettings
 
@@ -181,7 +181,7 @@ class RingWorker:
         self.hop_in.assign([TopicPartition(hop, 0, end)])
         self.incarnation = uuid.uuid4().hex
         start = RingStart(worker=self.id, incarnation=self.incarnation,
-                          checkpoint=self.checkpoint if self.job.ring.recovery else None, wall_ms=_now_ms())
+                          checkpoint=self.checkpoint if self.job.ring.recovery else None, wall_ms=now_ms())
         self.out.produce(self.job.ring_epochs_topic, value=ring_epochs.encode(start), key=ring_epochs.start_key(start),
                          partition=0, on_delivery=self.deliveries.report)
         flush(self.out, self.deliveries)
@@ -280,7 +280,7 @@ class RingWorker:
         metrics.RING_FAILED.labels(reason).set(1)
         self.health.detail = f"ring failed: {reason}"
         log.error("ring failed: no more results", worker=self.id, reason=reason, detail=detail)
-        msg = control.RingFailed(worker=self.id, reason=reason, detail=detail, wall_ms=_now_ms())
+        msg = control.RingFailed(worker=self.id, reason=reason, detail=detail, wall_ms=now_ms())
         self.out.produce(self.job.control_topic, value=control.encode(msg), key=self.id.encode(), partition=0,
                          on_delivery=_count_failed_delivery)
         self.out.poll(0)
@@ -473,10 +473,6 @@ def _count_failed_delivery(err: KafkaError | None, _msg: Message) -> None:
     """Delivery report of a control record (heartbeat, RingFailed): a failure is counted."""
     if err is not None:
         metrics.BROKER_ERRORS.labels("control-delivery").inc()
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def run_ring_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:

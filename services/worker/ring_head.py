@@ -66,7 +66,7 @@ class RingHead:
         self.sequencer = Sequencer(m)
         self.pending = [_empty(b) for b in stream_templates(self.job)]
         self.clock = InputClock([len(parts) for parts in self.source_partitions], self.job.join.allowed_lateness_ms,
-                                self.job.join.idle_timeout_ms, _now_ms())
+                                self.job.join.idle_timeout_ms, now_ms())
         self.offsets: dict[tuple[str, int], int] = {}  # next offset to read per source partition
         # Per stream and source partition: records below this offset were read before a rollback
         # (their tuples were released, dead-lettered, or are pending again): none is dead-lettered twice.
@@ -124,7 +124,7 @@ class RingHead:
         self._throttle()
         room = self._room()
         if not room:
-            self.clock.hold(_now_ms())  # not reading: no partition's silence counts toward idleness
+            self.clock.hold(now_ms())  # not reading: no partition's silence counts toward idleness
         for m in self.sources.consume(room, 0) if room else ():
             self._take(m)
         self._decode()
@@ -148,7 +148,7 @@ class RingHead:
         watermark back are paused (the consumer drops what it prefetched for them and resumes at
         the next offset). Pausing is per partition, as the watermark is: the partition holding
         it back is never paused, or nothing could be released. A paused partition is not idle."""
-        cap, now = self.job.worker.max_batch_records, _now_ms()
+        cap, now = self.job.worker.max_batch_records, now_ms()
         low = self.clock.low_newest(now)
         want = {(i, p) for i, b in enumerate(self.pending) if len(b) >= cap and low is not None
                 for p in np.flatnonzero(self.clock.newest[i] > low).tolist()}
@@ -169,7 +169,7 @@ class RingHead:
         held = sum(len(b) for b in self.pending)
         if held < cap:
             return max(1, int((cap - held) / self.tuples_per_record))
-        low = self.clock.low_newest(_now_ms())
+        low = self.clock.low_newest(now_ms())
         return 0 if low is not None and self._releasable(low) >= cap else 1
 
     def _releasable(self, low_max_ts: int) -> int:
@@ -210,7 +210,7 @@ class RingHead:
                 dead += late_records(self.job, i, -1, buf, block.filter(late), self.watermark)
             self._dead_letters(dead)
             fresh = block.filter(~old)
-            self.clock.touch(i, np.unique(np.asarray(buf.partitions, np.int64)), _now_ms())
+            self.clock.touch(i, np.unique(np.asarray(buf.partitions, np.int64)), now_ms())
             if len(fresh):
                 self.clock.observe(i, fresh[PART].astype(np.int64), fresh[TS])
                 self.pending = concat_pending(self.pending, [fresh if k == i else _empty(p)
@@ -229,11 +229,11 @@ class RingHead:
     def _release(self, handoff: dict[str, str] | None = None) -> None:
         self._decode()
         before = self.watermark
-        wm = self.clock.advance(_now_ms())
+        wm = self.clock.advance(now_ms())
         released, self.pending = release_before(self.pending, wm)
         counts = tuple(self.sequencer.counts)
         tuples = self.sequencer.sequence(released)
-        info = self.planner.next_info(before, counts, wm, handoff, now_ms=_now_ms())
+        info = self.planner.next_info(before, counts, wm, handoff, now_ms=now_ms())
         self.last_release = time.monotonic()
         for i, b in enumerate(tuples):
             metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(b))
@@ -248,7 +248,7 @@ class RingHead:
         """Into the ring: the Probe (and the Builds ahead of it) leave before the head probes the round itself."""
         if sum(len(b) for b in probe.tuples):
             self.loaded.add(probe.info.round)
-        out = self.w.node.release(probe, _now_ms(), early=lambda ob: self.w.send(ob, probe))
+        out = self.w.node.release(probe, now_ms(), early=lambda ob: self.w.send(ob, probe))
         self.w.send(out, probe)
 
     def _log(self, probe: Probe, state: dict) -> None:
@@ -313,7 +313,7 @@ class RingHead:
         self.clock.watermark = int(state["watermark"])
         for i, newest in enumerate(state["newest"]):
             self.clock.newest[i][:] = np.asarray(newest, np.int64)
-        self.clock.hold(_now_ms())
+        self.clock.hold(now_ms())
         self.offsets = {}
         for replay in self.replay_below:
             replay[:] = 0
@@ -357,14 +357,14 @@ class RingHead:
         """Start a checkpoint at the round about to be released: note where the round log and
         the results end, then send the Mark round the ring (a ring of one completes at once)."""
         flush(self.w.out, self.w.deliveries)
-        group = f"{self.job.consumer_group}-{self.w.id}-ends"
-        log_end = kafka.end_offsets(self.w.cluster, [(self.job.ring_log_topic, 0)], group)[(self.job.ring_log_topic, 0)]
-        results = kafka.end_offsets(self.w.cluster, [(self.job.results_topic, p) for p in range(self.job.partitions)],
-                                    group)
-        at = LogMark(next_round=self.planner.next_round, counts=list(self.sequencer.counts), log_end=log_end)
+        results = [(self.job.results_topic, p) for p in range(self.job.partitions)]
+        ends = kafka.end_offsets(self.w.cluster, [(self.job.ring_log_topic, 0), *results],
+                                 f"{self.job.consumer_group}-{self.w.id}-ends")
+        at = LogMark(next_round=self.planner.next_round, counts=list(self.sequencer.counts),
+                     log_end=ends[(self.job.ring_log_topic, 0)])
         layout = self.planner.layout
         ranges = {self.w.id: ranges_json(slice_ranges(self.w.node.slices, at.next_round))}
-        self.marking = {"at": at, "head": self.state(), "results": {p: o for (_, p), o in results.items()}}
+        self.marking = {"at": at, "head": self.state(), "results": {p: ends[(t, p)] for t, p in results}}
         self.last_checkpoint = time.monotonic()
         if len(layout) == 1:
             self.on_mark_back(wire.Mark(at.next_round, layout, ranges))
@@ -379,7 +379,7 @@ class RingHead:
         start, kept = start_mark(self.history, at, mark.ranges)
         self.history = [*kept, at]
         checkpoint = RingCheckpoint(epoch=self.w.epoch, at=at, start=start, history=self.history, ranges=mark.ranges,
-                                    head=self.marking["head"], results_end=self.marking["results"], wall_ms=_now_ms())
+                                    head=self.marking["head"], results_end=self.marking["results"], wall_ms=now_ms())
         self.w.out.produce(self.job.ring_epochs_topic, value=ring_epochs.encode(checkpoint),
                            key=ring_epochs.CHECKPOINT_KEY, partition=0, on_delivery=self.w.deliveries.report)
         flush(self.w.out, self.w.deliveries)
@@ -398,7 +398,8 @@ def ensure_hop_topic(job: JobSettings, cluster: kafka.Cluster, node: str) -> Non
     topics.create_missing(cluster.admin(), [topics.hop_plan(job, node)], timeout=30)
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
+    """The wall clock in ms (rounds' release times, the clock's idleness)."""
     return int(time.time() * 1000)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from confluent_kafka import KafkaError
 from hypothesis import given, settings, strategies as st
 
+from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.psp.messages import End, RoundInfo
 from streamjoin.schemas import control, ring as wire, ring_epochs
 from streamjoin.services import kafka, metrics
@@ -96,18 +97,8 @@ def test_a_standby_takes_the_id_it_is_handed() -> None:
     assert [ring_epochs.play(r, replace) for r in ("w1", "w3", "w0")] == ["w3", "w1", "w0"]
 
 
-class _Record:
-    def __init__(self, value: bytes, headers: list) -> None:
-        self._value, self._headers = value, headers
-
-    def error(self) -> None:
-        return None
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> list:
-        return self._headers
+def _hop_record(value: bytes, headers: list) -> LocalRecord:
+    return LocalRecord("band3.ring.w0", 0, 0, None, value, 0, headers)
 
 
 def test_a_hop_record_of_an_older_epoch_is_dropped(tmp_path: Path, monkeypatch) -> None:
@@ -116,10 +107,10 @@ def test_a_hop_record_of_an_older_epoch_is_dropped(tmp_path: Path, monkeypatch) 
     handled: list = []
     monkeypatch.setattr(w, "_handle", lambda msg, record=None: handled.append(msg))
     before = metrics.REGISTRY.get_sample_value("streamjoin_ring_stale_messages_total") or 0.0
-    w._on_hop_record(_Record(*wire.encode(End(_info(), 1), 4)))
+    w._on_hop_record(_hop_record(*wire.encode(End(_info(), 1), 4)))
     assert handled == []
     assert metrics.REGISTRY.get_sample_value("streamjoin_ring_stale_messages_total") == before + 1
-    w._on_hop_record(_Record(*wire.encode(End(_info(), 1), 5)))
+    w._on_hop_record(_hop_record(*wire.encode(End(_info(), 1), 5)))
     assert handled == [End(_info(), 1)]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
+from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import RESULT_ID_HI, RESULT_ID_LO, result_id_hex
 from streamjoin.schemas.ring_epochs import LogMark
@@ -59,15 +60,5 @@ def test_a_redriven_round_skips_the_results_written_before() -> None:
 @given(st.binary(max_size=60), st.lists(st.tuples(st.sampled_from(["sj-kind", "sj-round", "sj-info", "sj-head",
                                                                    "sj-epoch"]), st.binary(max_size=12)), max_size=5))
 def test_an_unreadable_round_log_record_is_skipped_never_raises(value: bytes, headers: list) -> None:
-    class Record:
-        def value(self) -> bytes:
-            return value
-
-        def headers(self) -> list:
-            return headers
-
-        def offset(self) -> int:
-            return 0
-
-    got = _logged(Record())
+    got = _logged(LocalRecord("band3.ring-rounds", 0, 0, None, value, 0, headers))
     assert got is None or got.probe.info.round >= 0
