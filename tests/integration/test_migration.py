@@ -54,6 +54,14 @@ class SteadyInput(threading.Thread):
             self.rows += len(chunk)
             time.sleep(0.1)
 
+    def wait_rows(self, rows: int, timeout: float = 120) -> None:
+        """Until at least `rows` rows are written (a loaded machine can starve this thread, and
+        a scale-in done in a second would leave too little output to prove anything)."""
+        deadline = time.monotonic() + timeout
+        while self.rows < rows:
+            assert time.monotonic() < deadline, f"only {self.rows} of {rows} input rows written in {timeout} s"
+            time.sleep(0.2)
+
 
 def _cli(job_file: Path, bootstrap: str, *args: str) -> float:
     """Run `streamjoin ARGS` as an operator would; the seconds it took (it waits for the move to finish)."""
@@ -175,7 +183,8 @@ def test_adaptive_coordinator_scales_in_an_idle_job_through_the_protocol(broker,
         while not any(groups == [] for groups in _held(job, broker.bootstrap).values()):
             assert time.monotonic() < deadline, "the adaptive coordinator did not scale in within 90 s"
             time.sleep(0.5)
-        time.sleep(2)
+        steady.wait_rows(steady.rows + 2 * RATE)  # input after the scale-in too
+        steady.wait_rows(4 * RATE)
     finally:
         steady.stop_flag.set()
         steady.join(30)

@@ -209,15 +209,27 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def wait_routed(job: JobSettings, bootstrap: str, work_dir: Path, timeout: float = 240) -> None:
     """Until every running operator version has joined every input record and the router has
-    written everything they produced."""
+    written everything they produced. A version that retires meanwhile is done: the router
+    retires it only after reading every result it serves, and stops it with input left unread
+    (input past its queries' end cannot matter), so its lag never drains."""
     deadline = time.monotonic() + timeout
     cluster = kafka.Cluster(bootstrap)
-    _, versions = Registry(job, cluster).load()
+    waiting = True
+    while waiting:
+        assert time.monotonic() < deadline, "operator versions did not drain in time"
+        _, versions = Registry(job, cluster).load()
+        waiting = False
+        for record in versions.values():
+            if record.retired:
+                continue
+            try:
+                wait_drained(load(work_dir / record.job / "job.yaml"), bootstrap, timeout=5)
+            except TimeoutError:
+                waiting = True  # still draining, or retiring: read the registry again
     for record in versions.values():
-        if record.retired:  # the router read all it serves before it stopped it
+        if record.retired:
             continue
         version = load(work_dir / record.job / "job.yaml")
-        wait_drained(version, bootstrap, timeout=max(10.0, deadline - time.monotonic()))
         results = [(version.results_topic, g) for g in range(version.partitions)]
         ends = kafka.end_offsets(cluster, results, "check-ends")
         while time.monotonic() < deadline:
