@@ -95,6 +95,17 @@ _PRODUCER: dict[str, Any] = PRODUCER_PARTITIONER | {
 READ_POLL_S = 0.02
 
 
+def consume_ready(consumer: Consumer, max_messages: int, wait_s: float) -> list[Message]:
+    """Up to `max_messages` records, returned as soon as there is one: waits up to `wait_s` for
+    the first (poll returns when one arrives), then takes what else is queued without waiting.
+    consume(n, timeout) instead waits its whole timeout out unless n records come, which on a
+    latency path (a ring hop, a control step) idles the caller for the timeout every call."""
+    first = consumer.poll(wait_s)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max_messages - 1, 0)] if max_messages > 1 else [first]
+
+
 def resolved(consumer: Consumer, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
     """`partitions` with their logical offsets (OFFSET_BEGINNING, OFFSET_END) made absolute by
     one ListOffsets request through `consumer`. Assigned as they are, logical offsets are

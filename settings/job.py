@@ -207,6 +207,12 @@ class RingSpec(_Strict):
         default="passive", description="on a resize: slice bounds move gradually, or state moves at once")
     passive_rounds: int = Field(default=20, ge=1, description="rounds over which passive relocation moves bounds")
     round_ms: int = Field(default=100, gt=0, description="how often the head releases a round by watermark")
+    head_weight: Annotated[float, Field(ge=0.0, le=1.0)] | Literal["auto"] = Field(
+        default="auto",
+        description="the head's slice of the window relative to another node's: the head also reads, sequences and "
+                    "logs every tuple, so in a ring of several nodes an equal slice (1) makes it the slowest node; "
+                    "0 = it keeps nothing past the round it releases; auto = what evens the loads for the ring's "
+                    "size (engine/psp/cost_model.py balanced_head_weight: 0.82 at N=2, 0.64 at 4, 0.27 at 8)")
     standby_after_ms: int | None = Field(
         default=None, gt=0,
         description="a ring node silent this long is replaced by a standby (an alive worker outside the layout), "

@@ -211,6 +211,28 @@ def rounds_in_flight(n: int, m: int, hop_per_work: float = 1.0, cap: int = MAX_R
     return max(1, min(cap, math.ceil(1 + (m - 1) * n * hop_per_work)))
 
 
+HEAD_OVERHEAD = 0.1  # the head's own work per tuple over a whole window's probing (band, 16 cores)
+
+
+def balanced_head_weight(n: int, overhead: float = HEAD_OVERHEAD) -> float:
+    """The head's slice relative to another node's that evens out the nodes' loads.
+
+    Every node probes a round against its slice, work P x (its share of the window); the head
+    also reads, decodes, sequences, logs and releases every tuple, work D = overhead x P. Equal
+    loads, f_h P + D = f_o P with f_h + (N - 1) f_o = 1, give f_h = (1 - overhead (N - 1)) / N
+    and f_o = (1 + overhead) / N, so the head's weight f_h / f_o = (1 - overhead (N - 1)) /
+    (1 + overhead), 0 once the head's own work alone is a fair share.
+
+    n: ring nodes N; overhead: D / P. The default was measured with `bench band` on a 5-minute
+    window on 16 cores (the weight that evened the loads at N = 2, 4 and 8); a smaller window
+    has less to probe, so a larger overhead."""
+    if n < 1 or overhead < 0:
+        raise ValueError(f"need n >= 1 and overhead >= 0; got {n}, {overhead}")
+    if n == 1:
+        return 1.0
+    return max(0.0, (1.0 - overhead * (n - 1)) / (1.0 + overhead))
+
+
 # ------------------------------------------------------------ section 5.4
 
 def default_join_order(rates: Floats, windows: Floats,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamjoin.engine.block import OFF, PART, TS, Block, concat
-from streamjoin.engine.psp.cost_model import rounds_in_flight
+from streamjoin.engine.psp.cost_model import balanced_head_weight, rounds_in_flight
 from streamjoin.engine.psp.messages import RoundInfo
 from streamjoin.engine.psp.plan import RingPlan, count_column
 from streamjoin.engine.psp.slices import G, SSEQ
@@ -78,18 +78,23 @@ def release_before(pending: list[Block], watermark: int) -> tuple[list[Block], l
     return released, kept
 
 
-def even_bounds(plan: RingPlan, layout: tuple[str, ...], dropped: frozenset[str] = frozenset()
-                ) -> dict[str, tuple[float, ...]]:
-    """Equal slices over the nodes that keep state; a dropped node gets zero width
-    (its bound equals its predecessor's, so everything it holds moves on)."""
+def even_bounds(plan: RingPlan, layout: tuple[str, ...], dropped: frozenset[str] = frozenset(),
+                head_weight: float = 1.0) -> dict[str, tuple[float, ...]]:
+    """Slices over the nodes that keep state, equal but for the head's (layout[0]), which is
+    `head_weight` times another node's: the head also reads, sequences and logs every tuple,
+    so with an equal slice it is the ring's slowest node. A dropped node gets zero width (its
+    bound equals its predecessor's, so everything it holds moves on)."""
     keeping = [n for n in layout if n not in dropped]
+    weights = {n: (head_weight if n == layout[0] and len(keeping) > 1 else 1.0) for n in keeping}
+    total = sum(weights.values())
     out: dict[str, tuple[float, ...]] = {}
-    prev = tuple(0.0 for _ in plan.streams)
+    prev, held = tuple(0.0 for _ in plan.streams), 0.0
     for n in layout:
         if n in dropped:
             out[n] = prev
             continue
-        frac = (keeping.index(n) + 1) / len(keeping)
+        held += weights[n]
+        frac = 1.0 if n == keeping[-1] else held / total  # the last keeper's bound is the window, exactly
         out[n] = prev = tuple(frac * s.size for s in plan.streams)
     return out
 
@@ -111,15 +116,20 @@ class _Step:
 
 class RoundPlanner:
     def __init__(self, plan: RingPlan, layout: tuple[str, ...], max_in_flight: int | str = "auto",
-                 cap: int | None = None, relocation: str = "passive", passive_rounds: int = 20) -> None:
+                 cap: int | None = None, relocation: str = "passive", passive_rounds: int = 20,
+                 head_weight: float | str = "auto") -> None:
         """max_in_flight: the most rounds in the ring at once, an int >= 1 or "auto": the cost
-        model's rounds_in_flight for the current layout's length (it follows resizes)."""
+        model's rounds_in_flight for the current layout's length (it follows resizes).
+        head_weight: the head's slice relative to another node's (see even_bounds), in [0, 1], or
+        "auto": the cost model's balanced_head_weight for the layout's length (it follows resizes too)."""
         if max_in_flight != "auto" and not (isinstance(max_in_flight, int) and max_in_flight >= 1):
             raise ValueError(f"max_in_flight must be an int >= 1 or 'auto', got {max_in_flight!r}")
+        if head_weight != "auto" and not (isinstance(head_weight, (int, float)) and 0.0 <= head_weight <= 1.0):
+            raise ValueError(f"head_weight must lie in [0, 1] or be 'auto', got {head_weight!r}")
         self.plan, self.layout = plan, tuple(layout)
         self._max_in_flight, self.cap = max_in_flight, cap
-        self.relocation, self.passive_rounds = relocation, passive_rounds
-        self.bounds = even_bounds(plan, self.layout)
+        self.relocation, self.passive_rounds, self._head_weight = relocation, passive_rounds, head_weight
+        self.bounds = self._even(self.layout)
         self._from = self._to = self.bounds
         self._moved, self._span = 0, 0
         self.next_round = 0
@@ -189,10 +199,17 @@ class RoundPlanner:
         handoff = {n: _neighbour_kept(both, n, new_layout) for n in removed}
         if self.relocation == "passive":
             # Grow into the union with removed nodes at zero width, then hand off what is left.
-            self.steps.append(_Step(both, even_bounds(self.plan, both, frozenset(removed)), self.passive_rounds))
+            self.steps.append(_Step(both, self._even(both, removed), self.passive_rounds))
         if removed:
-            self.steps.append(_Step(both, even_bounds(self.plan, both, frozenset(removed)), 0, handoff))
-        self.steps.append(_Step(new_layout, even_bounds(self.plan, new_layout)))
+            self.steps.append(_Step(both, self._even(both, removed), 0, handoff))
+        self.steps.append(_Step(new_layout, self._even(new_layout)))
+
+    def _even(self, layout: tuple[str, ...], dropped: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[float, ...]]:
+        """even_bounds for `layout`, the head's weight as configured or for the nodes that keep state."""
+        weight = self._head_weight
+        if weight == "auto":
+            weight = balanced_head_weight(len(layout) - len(dropped))
+        return even_bounds(self.plan, layout, frozenset(dropped), float(weight))
 
     def step_ready(self) -> _Step | None:
         """The next resize stage, once the ring is drained and the previous stage's rounds are through."""

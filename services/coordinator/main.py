@@ -93,11 +93,9 @@ class Coordinator:
             self._update_metrics()
 
     def _next_messages(self) -> list[Message]:
-        """What the control topic holds now, waiting up to 0.2 s for the first message: poll
-        returns as soon as one arrives (consume would wait its whole timeout out, and every
+        """What the control topic holds now, waiting up to 0.2 s for the first message (every
         step of a move waits on this loop)."""
-        first = self.control_in.poll(0.2)
-        return [] if first is None else [first, *self.control_in.consume(500, 0)]
+        return kafka.consume_ready(self.control_in, 500, 0.2)
 
     def stop(self) -> None:
         self.stop_flag.request()

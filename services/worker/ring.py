@@ -137,7 +137,7 @@ class RingWorker:
             self._poll_epochs()
             if self.reincarnate:
                 self._guarded(self._start_incarnation)
-            for m in self.hop_in.consume(500, 0.005 if self.head else 0.05):
+            for m in kafka.consume_ready(self.hop_in, 500, 0.005 if self.head else 0.05):
                 self._on_hop_record(m)
             self._guarded(self._drain_local)
             if self.head is not None and not self.failed:
@@ -303,7 +303,7 @@ class RingWorker:
             orders = tuple(tuple(o) for o in msg.orders)
             self.head = RingHead(self, RoundPlanner(ring_plan(self.job, orders), layout, self.job.ring.max_rounds_in_flight,
                                                     self.job.ring.slice_cap_tuples, self.job.ring.relocation,
-                                                    self.job.ring.passive_rounds))
+                                                    self.job.ring.passive_rounds, self.job.ring.head_weight))
             if self.job.ring.recovery:
                 self.head.recover(self.checkpoint)  # this epoch's rollback, which ran before there was a head
             log.info("ring head started", layout=list(self.head.planner.layout))

@@ -197,12 +197,13 @@ class Ring:
 
 def run_ring(plan: RingPlan, arrivals: list[Arrival], layout: tuple[str, ...], lateness: int, cuts: int,
              seed: int, max_in_flight: int = 1, cap: int | None = None, relocation: str = "passive",
-             resizes: list[tuple[str, ...]] = (), crash_at: frozenset[int] = frozenset()
-             ) -> tuple[list[tuple], set[tuple], Ring]:
+             resizes: list[tuple[str, ...]] = (), crash_at: frozenset[int] = frozenset(),
+             head_weight: float | str = "auto") -> tuple[list[tuple], set[tuple], Ring]:
     """Feed `arrivals` in order, `cuts` batches; returns (emitted refs, late refs, ring).
-    `crash_at`: the events (ring steps) at which the whole ring crashes and rolls back."""
+    `crash_at`: the events (ring steps) at which the whole ring crashes and rolls back;
+    `head_weight`: the head's slice relative to another node's (RoundPlanner)."""
     rng = random.Random(seed)
-    planner = RoundPlanner(plan, layout, max_in_flight, cap, relocation, passive_rounds=3)
+    planner = RoundPlanner(plan, layout, max_in_flight, cap, relocation, passive_rounds=3, head_weight=head_weight)
     ring = Ring(plan, planner, rng, crash_at=crash_at)
     seq = Sequencer(plan.m)
     empty = [block_of([]) for _ in range(plan.m)]
