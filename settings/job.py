@@ -224,10 +224,11 @@ class RingSpec(_Strict):
                     "every checkpoint_ms; a restarted node rolls the ring back to the last checkpoint and the logged "
                     "rounds run again. false: no log, no checkpoints, and a restarted node stops the ring (fenced)")
     checkpoint_ms: int = Field(
-        default=5_000, gt=0,
+        default=30_000, gt=0,
         description="how often the ring checkpoints (with recovery): the head stops releasing until the rounds in "
                     "flight are back, then a mark collects every node's slice ranges; what a rollback re-drives "
-                    "is at most this much of rounds")
+                    "is at most this much of rounds. Each checkpoint drains the ring, so a short interval costs "
+                    "throughput on large windows (band, 15 minutes, N=1: 5 s cost 34%, 30 s 11%)")
 
 
 class SplitJoinSpec(_Strict):

@@ -236,12 +236,14 @@ def run_ring(plan: RingPlan, arrivals: list[Arrival], layout: tuple[str, ...], l
         wm = new_wm
         for _ in range(rng.randrange(0, 30)):
             ring.step()
-    while planner.steps:
-        _run_until_release_allowed(ring)
-        if planner.steps and not planner.draining:  # passive bounds still moving: they move on rounds
-            ring.release([template(plan.m) for _ in plan.streams], wm, tuple(seq.counts), wm)
-    ring.drain()
-    return ring.results, late, ring
+    while True:
+        while planner.steps:
+            _run_until_release_allowed(ring)
+            if planner.steps and not planner.draining:  # passive bounds still moving: they move on rounds
+                ring.release([template(plan.m) for _ in plan.streams], wm, tuple(seq.counts), wm)
+        ring.drain()
+        if not planner.steps:  # a crash while draining restores the resize stages still to run
+            return ring.results, late, ring
 
 
 def _run_until_release_allowed(ring: Ring) -> None:
