@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from streamjoin.engine.psp import cost_model
 from streamjoin.engine.psp.head import RoundPlanner, even_bounds
-from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
-from tests.unit.psp_harness import make_plan, pair_predicate, run_ring
-from tests.unit.test_psp_ring import scenarios
+from streamjoin.engine.reference import RefWindow
+from tests.unit.psp_harness import make_plan
+from tests.unit.test_psp_ring import check_scenario, scenarios
 
 SIZE = 1000
 
@@ -97,14 +97,4 @@ def test_auto_head_weight_follows_a_resize() -> None:
 def test_a_ring_with_a_light_head_equals_the_reference(sc: dict, weight: float) -> None:
     """Theorem 2 holds for any slice widths: the head keeping little or nothing changes where
     tuples are probed, not which pairs meet (random rings, resizes, rounds in flight)."""
-    plan = make_plan(sc["windows"], sc["terms"], sc["orders"])
-    emitted, late, ring = run_ring(plan, sc["arrivals"], sc["layout"], sc["lateness"], sc["cuts"], sc["seed"],
-                                   sc["max_in_flight"], sc["cap"], sc["relocation"], sc["resizes"],
-                                   head_weight=weight)
-    streams = [[ThetaTuple((f"t{a.stream}", a.part, a.off), a.ts, {"x": a.x, "y": a.y})
-                for a in sc["arrivals"] if a.stream == i and (f"t{i}", a.part, a.off) not in late]
-               for i in range(sc["m"])]
-    expected = reference_theta_join(streams, sc["windows"], pair_predicate(sc["terms"]))
-    assert len(emitted) == len(set(emitted)), "a result was produced twice"
-    assert set(emitted) == expected
-    assert not ring.planner.in_flight and not ring.planner.steps
+    check_scenario(sc, head_weight=weight)

@@ -47,10 +47,12 @@ def scenarios(draw):
                 relocation=draw(st.sampled_from(["passive", "aggressive"])), resizes=resizes)
 
 
-def _check(sc: dict, crash_at: frozenset[int] = frozenset()):
+def check_scenario(sc: dict, crash_at: frozenset[int] = frozenset(), head_weight: float | str = "auto"):
+    """Run scenario `sc` (see `scenarios`) on the in-memory ring and compare with the reference."""
     plan = make_plan(sc["windows"], sc["terms"], sc["orders"])
     emitted, late, ring = run_ring(plan, sc["arrivals"], sc["layout"], sc["lateness"], sc["cuts"], sc["seed"],
-                                   sc["max_in_flight"], sc["cap"], sc["relocation"], sc["resizes"], crash_at)
+                                   sc["max_in_flight"], sc["cap"], sc["relocation"], sc["resizes"], crash_at,
+                                   head_weight)
     streams = [[ThetaTuple((f"t{a.stream}", a.part, a.off), a.ts, {"x": a.x, "y": a.y})
                 for a in sc["arrivals"] if a.stream == i and (f"t{i}", a.part, a.off) not in late]
                for i in range(sc["m"])]
@@ -65,14 +67,14 @@ def _check(sc: dict, crash_at: frozenset[int] = frozenset()):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_ring_union_equals_reference_join(sc: dict) -> None:
-    _check(sc)
+    check_scenario(sc)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sets(st.integers(1, 300), min_size=1, max_size=3))
 def test_ring_crashed_at_any_step_still_equals_reference_join(sc: dict, crash_at: set[int]) -> None:
     """Whole-ring crashes at random message steps, pipelined rounds included: exact all the same."""
-    ring = _check(sc, frozenset(crash_at))
+    ring = check_scenario(sc, frozenset(crash_at))
     event(f"crashes: {min(ring.crashes, 2)}, rounds released again: {min(ring.redriven, 2)}")
 
 
@@ -89,5 +91,5 @@ def test_a_crash_mid_run_rolls_back_and_releases_logged_rounds_again() -> None:
               terms=(Term((0, "x"), (1, "x"), "eq"), Term((1, "y"), (2, "y"), "band", 2.0)),
               orders=((1, 2), (0, 2), (1, 0)), arrivals=arrivals, layout=("n0", "n1", "n2"), lateness=0,
               cuts=12, seed=3, max_in_flight=4, cap=None, relocation="passive", resizes=[])
-    ring = _check(sc, frozenset({40, 90, 200}))
+    ring = check_scenario(sc, frozenset({40, 90, 200}))
     assert ring.crashes == 3 and ring.redriven > 0, (ring.crashes, ring.redriven)
