@@ -78,7 +78,7 @@ def release_before(pending: list[Block], watermark: int) -> tuple[list[Block], l
     return released, kept
 
 
-def even_bounds(plan: RingPlan, layout: tuple[str, ...], dropped: frozenset[str] = frozenset(),
+def slice_bounds(plan: RingPlan, layout: tuple[str, ...], dropped: frozenset[str] = frozenset(),
                 head_weight: float = 1.0) -> dict[str, tuple[float, ...]]:
     """Slices over the nodes that keep state, equal but for the head's (layout[0]), which is
     `head_weight` times another node's: the head also reads, sequences and logs every tuple,
@@ -120,7 +120,7 @@ class RoundPlanner:
                  head_weight: float | str = "auto") -> None:
         """max_in_flight: the most rounds in the ring at once, an int >= 1 or "auto": the cost
         model's rounds_in_flight for the current layout's length (it follows resizes).
-        head_weight: the head's slice relative to another node's (see even_bounds), in [0, 1], or
+        head_weight: the head's slice relative to another node's (see slice_bounds), in [0, 1], or
         "auto": the cost model's balanced_head_weight for the layout's length (it follows resizes too)."""
         if max_in_flight != "auto" and not (isinstance(max_in_flight, int) and max_in_flight >= 1):
             raise ValueError(f"max_in_flight must be an int >= 1 or 'auto', got {max_in_flight!r}")
@@ -129,7 +129,7 @@ class RoundPlanner:
         self.plan, self.layout = plan, tuple(layout)
         self._max_in_flight, self.cap = max_in_flight, cap
         self.relocation, self.passive_rounds, self._head_weight = relocation, passive_rounds, head_weight
-        self.bounds = self._even(self.layout)
+        self.bounds = self._bounds_for(self.layout)
         self._from = self._to = self.bounds
         self._moved, self._span = 0, 0
         self.next_round = 0
@@ -199,17 +199,17 @@ class RoundPlanner:
         handoff = {n: _neighbour_kept(both, n, new_layout) for n in removed}
         if self.relocation == "passive":
             # Grow into the union with removed nodes at zero width, then hand off what is left.
-            self.steps.append(_Step(both, self._even(both, removed), self.passive_rounds))
+            self.steps.append(_Step(both, self._bounds_for(both, removed), self.passive_rounds))
         if removed:
-            self.steps.append(_Step(both, self._even(both, removed), 0, handoff))
-        self.steps.append(_Step(new_layout, self._even(new_layout)))
+            self.steps.append(_Step(both, self._bounds_for(both, removed), 0, handoff))
+        self.steps.append(_Step(new_layout, self._bounds_for(new_layout)))
 
-    def _even(self, layout: tuple[str, ...], dropped: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[float, ...]]:
-        """even_bounds for `layout`, the head's weight as configured or for the nodes that keep state."""
+    def _bounds_for(self, layout: tuple[str, ...], dropped: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[float, ...]]:
+        """slice_bounds for `layout`, the head's weight as configured or for the nodes that keep state."""
         weight = self._head_weight
         if weight == "auto":
             weight = balanced_head_weight(len(layout) - len(dropped))
-        return even_bounds(self.plan, layout, frozenset(dropped), float(weight))
+        return slice_bounds(self.plan, layout, frozenset(dropped), float(weight))
 
     def step_ready(self) -> _Step | None:
         """The next resize stage, once the ring is drained and the previous stage's rounds are through."""

@@ -1,4 +1,4 @@
-"""The head's slice (engine/psp/head.py even_bounds, cost_model.balanced_head_weight): the
+"""The head's slice (engine/psp/head.py slice_bounds, cost_model.balanced_head_weight): the
 head reads, sequences and logs every tuple besides probing, so it keeps a smaller slice; the
 weight evens the nodes' loads, follows resizes when "auto", and leaves the ring exact."""
 
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamjoin.engine.psp import cost_model
-from streamjoin.engine.psp.head import RoundPlanner, even_bounds
+from streamjoin.engine.psp.head import RoundPlanner, slice_bounds
 from streamjoin.engine.reference import RefWindow
 from tests.unit.psp_harness import make_plan
 from tests.unit.test_psp_ring import check_scenario, scenarios
@@ -30,7 +30,7 @@ def _widths(bounds: dict[str, tuple[float, ...]], layout: tuple[str, ...]) -> li
 @given(n=st.integers(1, 12), weight=st.floats(0.0, 1.0))
 def test_the_head_keeps_weight_times_another_nodes_slice(n: int, weight: float) -> None:
     layout = tuple(f"n{i}" for i in range(n))
-    bounds = even_bounds(_plan(), layout, head_weight=weight)
+    bounds = slice_bounds(_plan(), layout, head_weight=weight)
     widths = _widths(bounds, layout)
     assert bounds[layout[-1]] == (SIZE, SIZE), "the last node's bound is the whole window, exactly"
     assert all(w >= 0 for w in widths)
@@ -44,7 +44,7 @@ def test_the_head_keeps_weight_times_another_nodes_slice(n: int, weight: float) 
 
 def test_a_dropped_node_keeps_nothing_whatever_the_head_weight() -> None:
     layout = ("h", "a", "b")
-    bounds = even_bounds(_plan(), layout, frozenset({"a"}), head_weight=0.5)
+    bounds = slice_bounds(_plan(), layout, frozenset({"a"}), head_weight=0.5)
     assert _widths(bounds, layout) == pytest.approx([SIZE / 3, 0.0, 2 * SIZE / 3])
 
 
@@ -54,7 +54,7 @@ def test_balanced_weight_evens_the_loads(n: int, overhead: float) -> None:
     node unless the head's own work alone exceeds a fair share (then it keeps nothing)."""
     layout = tuple(f"n{i}" for i in range(n))
     weight = cost_model.balanced_head_weight(n, overhead)
-    shares = [w / SIZE for w in _widths(even_bounds(_plan(), layout, head_weight=weight), layout)]
+    shares = [w / SIZE for w in _widths(slice_bounds(_plan(), layout, head_weight=weight), layout)]
     head, others = shares[0] + overhead, shares[1:]
     if weight > 0:
         assert head == pytest.approx(others[0], abs=1e-9)
@@ -89,7 +89,7 @@ def test_auto_head_weight_follows_a_resize() -> None:
         while planner._moved < planner._span:  # a passive move runs on rounds: run them
             planner.on_done(planner.next_info(0, (0, 0), 0).round)
     assert planner.layout == wide
-    assert planner.bounds == even_bounds(_plan(), wide, head_weight=cost_model.balanced_head_weight(4))
+    assert planner.bounds == slice_bounds(_plan(), wide, head_weight=cost_model.balanced_head_weight(4))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
