@@ -84,6 +84,67 @@ def reference_join(
     return out
 
 
+# ------------------------------------------------- outer, semi and anti joins (2-way)
+
+ABSENT_REF = -1  # partition and offset of the member a null-padded result lacks (engine.result_ids.ABSENT)
+JOIN_TYPES = ("inner", "left", "right", "full", "semi", "anti")
+DECIDED = {"inner": (), "left": (0,), "semi": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}
+
+
+def _absent(ref: TupleRef) -> TupleRef:
+    return (ref[0], ABSENT_REF, ABSENT_REF)
+
+
+def decided(window: RefWindow, t: RefTuple, same_key_stream: Sequence[RefTuple], watermark: int | None) -> bool:
+    """Whether the watermark proves no partner can still join `t`: a RANGE tuple once
+    watermark >= ts + W; a ROWS tuple once the N-th newer same-key tuple (in (ts, offset) order)
+    has ts < watermark. `watermark` None: nothing is decided (its group never ran a batch)."""
+    if watermark is None:
+        return False
+    if window.range_ms is not None:
+        return watermark >= t.ts + window.range_ms
+    newer = sorted(u.ts for u in same_key_stream if (u.ts, u.ref[2]) > (t.ts, t.ref[2]))
+    assert window.rows is not None
+    return len(newer) >= window.rows and newer[window.rows - 1] < watermark
+
+
+def reference_outer_join(
+    streams: Sequence[Sequence[RefTuple]],
+    windows: Sequence[RefWindow],
+    join_type: str,
+    topics: Sequence[str],
+    watermark: Mapping[int, int],
+    group_of: Callable[[RefTuple], int] = lambda t: t.ref[1],
+) -> set[tuple[TupleRef, ...]]:
+    """The results of a 2-way join of any type, each as (ref of stream 0, ref of stream 1);
+    a member a row lacks is (its stream's topic, ABSENT_REF, ABSENT_REF).
+
+    inner: the combinations of `reference_join` (count windows: those final, T below their
+    group's watermark; time windows: all). left/right/full: those, and each row of the first /
+    second / both streams that is `decided` by its group's watermark and in no combination.
+    semi: each row of the first stream in a final combination. anti: each decided row of the
+    first stream in no combination. `watermark`: group -> the group's final watermark;
+    `topics`: the streams' topics (for the absent member's ref)."""
+    assert len(streams) == 2 and join_type in JOIN_TYPES
+    eager = all(w.range_ms is not None for w in windows)
+    combos = reference_join(streams, windows)
+    final = combos if eager else reference_join(streams, windows, watermark, group_of)
+    if join_type == "semi":
+        matched = {c[0] for c in final}
+        return {(ref, _absent((topics[1], 0, 0))) for ref in matched}
+    out = set() if join_type == "anti" else set(final)
+    for side in DECIDED[join_type]:
+        matched = {c[side] for c in combos}
+        same_key: dict[Hashable, list[RefTuple]] = {}
+        for t in streams[side]:
+            same_key.setdefault(t.key, []).append(t)
+        for t in streams[side]:
+            if t.ref in matched or not decided(windows[side], t, same_key[t.key], watermark.get(group_of(t))):
+                continue
+            other = _absent((topics[1 - side], 0, 0))
+            out.add((t.ref, other) if side == 0 else (other, t.ref))
+    return out
+
 
 # ------------------------------------------------------------- ring mode (theta)
 

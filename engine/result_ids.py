@@ -12,7 +12,8 @@ independent 64-bit hashes of the same refs, `hi` and `lo`, each
       adding 0xd6e8feb86659fd93
 (all arithmetic mod 2**64). Anyone can recompute an id from a result's input
 refs (the Spark verifier does); its text form is `hi` then `lo` as 32
-lower-case hex digits (`result_id_hex`).
+lower-case hex digits (`result_id_hex`). A member a result lacks (outer, semi
+and anti joins) has partition and offset ABSENT (-1), hashed the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 RESULT_ID_HI, RESULT_ID_LO = "result_id_hi", "result_id_lo"  # block columns (uint64)
+# The partition and offset of a member a null-padded result (outer, semi, anti joins) lacks:
+# its id hashes them like any ref, so it differs from every combination's and is deterministic.
+ABSENT = -1
 EVENT_TIME, PRODUCED_MS = "event_time", "produced_ms"  # block columns (int64): T, and when it was produced
 _U = np.uint64
 _FNV_OFFSET = 0xCBF29CE484222325

@@ -17,6 +17,7 @@ which answers "how many are dead" with one binary search.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -45,6 +46,12 @@ class Run:
     def dead(self, floor: int) -> int:
         """How many of its tuples are older than `floor`."""
         return int(np.searchsorted(self.times, floor, side="left"))
+
+    @cached_property
+    def by_time(self) -> np.ndarray:
+        """Positions of the block's tuples in `times` order: built on first use (only joins that
+        decide rows at expiry ask), once per run, since a run never changes."""
+        return np.argsort(self.block[TS], kind="stable")
 
     def alive(self, floor: int) -> int:
         """How many of its tuples are not older than `floor`."""
@@ -137,6 +144,21 @@ class SortedRuns:
             kept.append(run)
         self.runs = kept
         self._settle()
+
+    def oldest(self) -> int | None:
+        """The event time of the oldest live tuple (None: none live): one look per run."""
+        firsts = [int(run.times[run.dead(self.floor)]) for run in self.runs if run.alive(self.floor)]
+        return min(firsts, default=None)
+
+    def expiring(self, floor: int) -> Block:
+        """The live tuples a move of the floor to `floor` would kill (ts below it), in no
+        particular order: each run's time order gives them without touching the others."""
+        parts = []
+        for run in self.runs:
+            first, end = run.dead(self.floor), run.dead(floor)
+            if end > first:
+                parts.append(run.block.take(run.by_time[first:end]))
+        return concat([self.template, *parts])
 
     def matching(self, keys: np.ndarray) -> Block:
         """The live tuples whose key is in `keys`, sorted by (key, ts, off): one binary search

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamjoin.engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, Block, concat
+from streamjoin.engine.outer import DECIDED, NEWEST_ARRIVAL, MatchedRefs, first_rows, matched_refs, padded, ref_keys
 from streamjoin.engine.probe import TimeIndex, expand_ranges, key_ranges, sort_by_key_time
 from streamjoin.engine.result_ids import result_head
 from streamjoin.engine.runs import SortedRuns
@@ -47,10 +48,16 @@ class JoinPlan:
     streams: tuple[StreamPlan, ...]
     lateness_ms: int
     exact_keys: bool  # False: keys are hashes, so matches are re-checked on the key fields
+    join_type: str = "inner"  # engine/outer.py: inner | left | right | full | semi | anti
 
     @property
     def on_watermark(self) -> bool:
         return any(s.rows is not None for s in self.streams)
+
+    @property
+    def decided(self) -> tuple[int, ...]:
+        """The streams whose rows the join emits alone (engine/outer.py)."""
+        return DECIDED[self.join_type]
 
 
 @dataclass
@@ -61,6 +68,7 @@ class GroupWindow:
     runs: list[SortedRuns]
     max_ts: list[int]
     watermark: int = NO_TIME
+    matched: dict[int, MatchedRefs] = field(default_factory=dict)  # per decided stream (engine/outer.py)
 
     @property
     def state(self) -> list[Block]:
@@ -76,6 +84,19 @@ class GroupWindow:
     def tuples(self) -> int:
         return sum(len(r) for r in self.runs)
 
+    def next_deadline(self, plan: "JoinPlan") -> int | None:
+        """The lowest watermark at which a decided time-window row would expire (its ts + W),
+        or None when no such row is live: what an all-idle group waits for (services/worker)."""
+        deadlines = [oldest + plan.streams[i].range_ms for i in self.matched  # type: ignore[operator]
+                     if plan.streams[i].range_ms is not None and (oldest := self.runs[i].oldest()) is not None]
+        return min(deadlines, default=None)
+
+    @property
+    def awaiting(self) -> int:
+        """Live rows of the decided streams that no result has held yet: each still waits for
+        its first match or for its deadline."""
+        return sum(len(self.runs[i]) - refs.live for i, refs in self.matched.items())
+
 
 @dataclass
 class BatchOutcome:
@@ -84,10 +105,15 @@ class BatchOutcome:
     watermark_before: int
     watermark_after: int
     accepted: list[Block] = field(default_factory=list)
+    # Per decided stream: the refs (PART, OFF, TS) this batch's results held for the first time,
+    # which the state layer stores so that a restored window knows them (engine/outer.py).
+    marks: dict[int, Block] = field(default_factory=dict)
+    unmatched: int = 0  # null-padded rows emitted for rows proven unmatched
 
 
 def empty_window(plan: JoinPlan, templates: list[Block]) -> GroupWindow:
-    return GroupWindow([SortedRuns(t.take(np.empty(0, np.int64))) for t in templates], [NO_TIME] * len(plan.streams))
+    return GroupWindow([SortedRuns(t.take(np.empty(0, np.int64))) for t in templates], [NO_TIME] * len(plan.streams),
+                       matched={i: MatchedRefs() for i in plan.decided})
 
 
 def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_ms: int,
@@ -111,8 +137,48 @@ def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_
     else:
         results = _emit_eager(plan, window, accepted, now_ms)
         _advance_watermark(plan, window, accepted, idle, floor)
-    expire(plan, window)
-    return BatchOutcome(results, late, wm_before, window.watermark, accepted)
+    if plan.join_type == "inner":
+        expire(plan, window)
+        return BatchOutcome(results, late, wm_before, window.watermark, accepted)
+    marks, first = _record_matches(plan, window, results, now_ms)
+    expired = expire(plan, window)
+    unmatched = [_unmatched(plan, window, i, expired[i], now_ms) for i in plan.decided]
+    emitted = {"semi": first, "anti": unmatched}.get(plan.join_type, [results, *unmatched])
+    return BatchOutcome(concat(emitted) if emitted else results.take(np.empty(0, np.int64)), late, wm_before,
+                        window.watermark, accepted, marks, sum(len(u) for u in unmatched))
+
+
+def _record_matches(plan: JoinPlan, window: GroupWindow, results: Block,
+                    now_ms: int) -> tuple[dict[int, Block], list[Block]]:
+    """Note every decided row the batch's results hold. Returns, per decided stream, the rows
+    matched for the first time (refs and times: the marks the state layer stores), and for a
+    semi join their null-padded rows (a semi row is emitted on its first match)."""
+    marks, first = {}, []
+    for i in plan.decided:
+        name = plan.streams[i].name
+        part, off, ts = matched_refs(results, name)
+        fresh = window.matched[i].add(ref_keys(part, off), ts)
+        marks[i] = Block({PART: part[fresh], OFF: off[fresh], TS: ts[fresh]})
+        if plan.join_type == "semi":
+            first.append(_padded(plan, window, i, first_rows(results, name, plan.streams[i].payload, fresh), now_ms))
+    return marks, first
+
+
+def _unmatched(plan: JoinPlan, window: GroupWindow, side: int, expired: Block, now_ms: int) -> Block:
+    """The null-padded rows of `side`'s expired tuples that no result held; the matched ones
+    leave the matched set (they are decided)."""
+    refs = window.matched[side]
+    held = refs.contains(ref_keys(expired[PART], expired[OFF]))
+    if plan.streams[side].range_ms is not None:
+        refs.expired(int(held.sum()), window.runs[side].floor)
+    else:
+        refs.discard(ref_keys(expired[PART], expired[OFF])[held])
+    return _padded(plan, window, side, expired.filter(~held), now_ms)
+
+
+def _padded(plan: JoinPlan, window: GroupWindow, side: int, rows: Block, now_ms: int) -> Block:
+    return padded(tuple(s.name for s in plan.streams), tuple(s.topic for s in plan.streams),
+                  [r.template for r in window.runs], [s.payload for s in plan.streams], side, rows, now_ms)
 
 
 def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block], idle: frozenset[int],
@@ -126,24 +192,32 @@ def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block
     window.watermark = max(window.watermark, floor)
 
 
-def expire(plan: JoinPlan, window: GroupWindow) -> None:
-    """Drop tuples no future on-time tuple can join with."""
+def expire(plan: JoinPlan, window: GroupWindow) -> dict[int, Block]:
+    """Drop tuples no future on-time tuple can join with. Returns, per decided stream, the
+    tuples dropped (their rows are decided now: engine/outer.py)."""
     wm = window.watermark
+    expired = {i: window.runs[i].template for i in plan.decided}
     if wm <= NO_TIME:
-        return
-    for s, runs in zip(plan.streams, window.runs):
+        return expired
+    for i, (s, runs) in enumerate(zip(plan.streams, window.runs)):
         if s.range_ms is not None:
-            runs.expire_before(wm - s.range_ms + 1)  # alive while ts + range_ms > wm
+            floor = wm - s.range_ms + 1  # alive while ts + range_ms > wm
+            if i in expired:
+                expired[i] = runs.expiring(floor)
+            runs.expire_before(floor)
             continue
-        st = runs.merged()
-        if not len(st):
+        state = runs.merged()
+        if not len(state):
             continue
         # A count-window tuple is dead once `rows` newer same-key tuples are final (ts < wm).
-        idx = TimeIndex(st[KEY], st[TS], int(st[TS].min()), max(int(st[TS].max()), wm))
-        _, final_end = idx.between(st[KEY], np.full(len(st), NO_TIME), np.full(len(st), wm - 1))
-        alive = np.arange(len(st)) >= final_end - s.rows
+        idx = TimeIndex(state[KEY], state[TS], int(state[TS].min()), max(int(state[TS].max()), wm))
+        _, final_end = idx.between(state[KEY], np.full(len(state), NO_TIME), np.full(len(state), wm - 1))
+        alive = np.arange(len(state)) >= final_end - s.rows
         if not alive.all():
-            runs.replace(st.filter(alive))
+            runs.replace(state.filter(alive))
+            if i in expired:
+                expired[i] = state.filter(~alive)
+    return expired
 
 
 # ---------------------------------------------------------------- eager (RANGE)
@@ -269,7 +343,7 @@ def assemble(plan: JoinPlan, sources: list[Block], combos: dict[int, np.ndarray]
         cols[f"{s.name}.ts"] = times[-1]
         for f in s.payload:
             cols[f"{s.name}.{f}"] = src[f][idx]
-    cols["newest_arrival_ms"] = np.max([sources[i]["_arr"][combos[i]] for i in range(len(plan.streams))], axis=0) \
+    cols[NEWEST_ARRIVAL] = np.max([sources[i]["_arr"][combos[i]] for i in range(len(plan.streams))], axis=0) \
         if n else np.empty(0, np.int64)
     head = result_head([s.topic for s in plan.streams], parts, offs,
                        np.max(times, axis=0) if n else np.empty(0, np.int64), now_ms)

@@ -19,7 +19,19 @@ JSON value (compact, keys in this order):
   place in it (the engine's tuple offset is (offset << BLOCK_SHIFT) | index).
 Avro value: schemaless binary of `results_avro_schema(layout)`.
 Key: hash mode the join-key text of the first stream's key fields (so the
-record lands on the results partition of its group), ring and splitjoin modes the 32-hex id.
+record lands on the results partition of its group; of the second stream's
+where the first is absent), ring and splitjoin modes the 32-hex id.
+
+Absent members (outer, semi and anti joins): a result may lack the member of
+an optional stream (`StreamLayout.optional`). The engine's block marks it with
+partition and offset ABSENT (-1) and filler in its ts and field columns. JSON
+writes null for both its ref and its fields object ("inputs":{...,"s":null},
+...,"s":null), Avro takes the null branch of both unions; blocks keep the
+columns as they are, so a blocks reader recognises an absent member by its
+partition -1 (offset -1 too) and never reads its filler. Readers return an
+absent member as partition and offset ABSENT, ts and fields filler (0, 0.0,
+"", b"", False); a null member of a stream that is not optional, or a member
+with one of ref and fields null but not the other, is malformed.
 """
 
 from __future__ import annotations
@@ -27,7 +39,8 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from functools import partial
+from typing import Callable, Literal, Sequence
 
 import fastavro
 import numpy as np
@@ -36,8 +49,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from streamjoin.engine.block import Block
-from streamjoin.engine.result_ids import (EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, parse_result_id_hex,
-                                          result_id_hex)
+from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO,
+                                          parse_result_id_hex, result_id_hex)
 from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
 from streamjoin.schemas.columns import (base64_decode, base64_encode, binary_array, flat, from_flat, string_array,
                                         to_bytes_list)
@@ -55,6 +68,8 @@ _AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boole
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "bytes": pa.binary()}
 _HEX_ID = r"^[0-9a-f]{32}$"
 _VARINT_LIMITS = np.left_shift(np.uint64(1), np.uint64(7) * np.arange(1, 10, dtype=np.uint64))  # a varint byte more
+_FILLER = {"int": 0, "float": 0.0, "str": "", "bool": False, "bytes": b""}  # an absent member's values, as the engine's
+_AVRO_NULL, _AVRO_RECORD = b"\x00", b"\x02"  # union branches 0 ("null") and 1 (the record), zigzag varints
 
 
 # ------------------------------------------------------------------ layout
@@ -70,6 +85,7 @@ class StreamLayout:
     fields: tuple[tuple[str, FieldType], ...]  # job.result_fields(stream), in job order
     time_field: str
     key_fields: tuple[str, ...]
+    optional: bool = False  # a result may lack this stream's member (outer, semi, anti joins)
 
 
 @dataclass(frozen=True)
@@ -85,8 +101,8 @@ def result_layout(job: JobSettings) -> ResultLayout:
     """The result record layout of `job`."""
     return ResultLayout(job.job, job.join.mode, tuple(
         StreamLayout(s.name, job.topic_of(s), s.format == "blocks", tuple(job.result_fields(s).items()), s.time_field,
-                     tuple(s.key_fields))
-        for s in job.streams))
+                     tuple(s.key_fields), optional)
+        for s, optional in zip(job.streams, job.optional_streams)))
 
 
 def result_columns(layout: ResultLayout) -> dict[str, FieldType]:
@@ -97,6 +113,17 @@ def result_columns(layout: ResultLayout) -> dict[str, FieldType]:
         cols |= {f"{s.name}.partition": "int", f"{s.name}.offset": "int", f"{s.name}.ts": "int"}
         cols |= {f"{s.name}.{f}": t for f, t in s.fields}
     return cols
+
+
+def _present(stream: StreamLayout, block: Block) -> pa.BooleanArray | None:
+    """Per row, whether it holds the stream's member; None where every row does (a stream that
+    is not optional, or a block without absent members), so encoders need no choice per row.
+
+    stream: one stream of the layout; block: a result block."""
+    if not stream.optional:
+        return None
+    present = np.asarray(block[f"{stream.name}.partition"]) != ABSENT
+    return None if present.all() else pa.array(present)
 
 
 def _split_offsets(stream: StreamLayout, tuple_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -135,11 +162,23 @@ class _Rows:
             self.pieces.append(pa.scalar(text, self.arrow_type))
             self.literal = b""
 
-    def join(self) -> pa.Array:
-        """The records, one per row."""
+    def join(self) -> pa.Array | pa.Scalar:
+        """The records, one per row (a scalar if every piece is the same for every row)."""
         self._flush()
         return pc.binary_join_element_wise(*self.pieces, pa.scalar(b"" if self.arrow_type == pa.large_binary()
                                                                    else "", self.arrow_type))
+
+    def member(self, present: pa.BooleanArray | None, write: Callable[[_Rows], None], absent: str | bytes) -> None:
+        """Append one member's piece: what `write` appends, or `absent` in the rows without it.
+
+        present: `_present`'s mask (None: every row has the member, so `write` appends here directly);
+        write: appends the member's pieces to the _Rows it is given; absent: the piece of an absent member."""
+        if present is None:
+            write(self)
+            return
+        own = _Rows(self.arrow_type)  # the member alone, one piece per row, to choose by row
+        write(own)
+        self.each(pc.if_else(present, own.join(), pa.scalar(absent, self.arrow_type)))
 
 
 def _hex_ids(block: Block) -> pa.LargeStringArray:
@@ -203,18 +242,33 @@ def _quoted(name: str) -> str:
     return json.dumps(name, ensure_ascii=False)
 
 
+def _json_ref(rows: _Rows, stream: StreamLayout, block: Block) -> None:
+    """Append one stream's ref object. stream: its layout; block: a result block."""
+    offsets, index = _split_offsets(stream, block[f"{stream.name}.offset"])
+    rows.same(f'{{"topic":{_quoted(stream.topic)},"partition":')
+    rows.each(_int_text(block[f"{stream.name}.partition"]))
+    rows.same(',"offset":')
+    rows.each(_int_text(offsets))
+    if index is not None:
+        rows.same(',"index":')
+        rows.each(_int_text(index))
+    rows.same("}")
+
+
+def _json_fields(rows: _Rows, stream: StreamLayout, block: Block) -> None:
+    """Append one stream's fields object. stream: its layout; block: a result block."""
+    rows.same("{")
+    for j, (field, ftype) in enumerate(stream.fields):
+        rows.same(f'{"," if j else ""}{_quoted(field)}:')
+        _json_value(rows, block[f"{stream.name}.{field}"], ftype)
+    rows.same("}")
+
+
 def _json_inputs(rows: _Rows, layout: ResultLayout, block: Block) -> None:
     rows.same(',"inputs":{')
     for i, s in enumerate(layout.streams):
-        offsets, index = _split_offsets(s, block[f"{s.name}.offset"])
-        rows.same(f'{"," if i else ""}{_quoted(s.name)}:{{"topic":{_quoted(s.topic)},"partition":')
-        rows.each(_int_text(block[f"{s.name}.partition"]))
-        rows.same(',"offset":')
-        rows.each(_int_text(offsets))
-        if index is not None:
-            rows.same(',"index":')
-            rows.each(_int_text(index))
-        rows.same("}")
+        rows.same(f'{"," if i else ""}{_quoted(s.name)}:')
+        rows.member(_present(s, block), partial(_json_ref, stream=s, block=block), "null")
     rows.same("}")
 
 
@@ -231,11 +285,8 @@ def json_documents(layout: ResultLayout, block: Block) -> pa.LargeStringArray:
     rows.each(_int_text(block[PRODUCED_MS]))
     _json_inputs(rows, layout, block)
     for s in layout.streams:
-        rows.same(f",{_quoted(s.name)}:{{")
-        for j, (field, ftype) in enumerate(s.fields):
-            rows.same(f'{"," if j else ""}{_quoted(field)}:')
-            _json_value(rows, block[f"{s.name}.{field}"], ftype)
-        rows.same("}")
+        rows.same(f",{_quoted(s.name)}:")
+        rows.member(_present(s, block), partial(_json_fields, stream=s, block=block), "null")
     rows.same("}")
     return rows.join()
 
@@ -250,13 +301,19 @@ def encode_json(layout: ResultLayout, block: Block) -> list[bytes]:
 # -------------------------------------------------------------------- Avro
 
 
+def _avro_member_type(stream: StreamLayout, record: dict) -> dict | list:
+    """A member's Avro type: `record`, or for an optional stream the union ["null", record]."""
+    return ["null", record] if stream.optional else record
+
+
 def results_avro_schema(layout: ResultLayout) -> dict:
-    """The Avro schema (.avsc as a dict) of the job's result records."""
-    refs = [{"name": s.name, "type": {"type": "record", "name": f"{s.name}_ref", "fields": [
+    """The Avro schema (.avsc as a dict) of the job's result records. An optional stream's ref and
+    fields records are unions with null (an absent member)."""
+    refs = [{"name": s.name, "type": _avro_member_type(s, {"type": "record", "name": f"{s.name}_ref", "fields": [
         {"name": "topic", "type": "string"}, {"name": "partition", "type": "int"}, {"name": "offset", "type": "long"},
-        *([{"name": "index", "type": "int"}] if s.blocks else [])]}} for s in layout.streams]
-    fields = [{"name": s.name, "type": {"type": "record", "name": f"{s.name}_fields", "fields": [
-        {"name": f, "type": _AVRO_TYPES[t]} for f, t in s.fields]}} for s in layout.streams]
+        *([{"name": "index", "type": "int"}] if s.blocks else [])]})} for s in layout.streams]
+    fields = [{"name": s.name, "type": _avro_member_type(s, {"type": "record", "name": f"{s.name}_fields", "fields": [
+        {"name": f, "type": _AVRO_TYPES[t]} for f, t in s.fields]})} for s in layout.streams]
     return {"type": "record", "name": "Result", "namespace": f"streamjoin.{layout.job.replace('-', '_')}",
             "fields": [{"name": "result_id", "type": "string"}, {"name": "event_time", "type": "long"},
                        {"name": "produced_ms", "type": "long"},
@@ -309,6 +366,36 @@ def _avro_literal_string(text: str) -> bytes:
     return _varint(len(raw)) + raw
 
 
+def _avro_ref(rows: _Rows, stream: StreamLayout, block: Block) -> None:
+    """Append one stream's ref record. stream: its layout; block: a result block."""
+    offsets, index = _split_offsets(stream, block[f"{stream.name}.offset"])
+    rows.same(_avro_literal_string(stream.topic))
+    rows.each(_varints(block[f"{stream.name}.partition"]))
+    rows.each(_varints(offsets))
+    if index is not None:
+        rows.each(_varints(index))
+
+
+def _avro_fields(rows: _Rows, stream: StreamLayout, block: Block) -> None:
+    """Append one stream's fields record. stream: its layout; block: a result block."""
+    for field, ftype in stream.fields:
+        _avro_value(rows, block[f"{stream.name}.{field}"], ftype)
+
+
+def _avro_member(rows: _Rows, stream: StreamLayout, block: Block, write: Callable[[_Rows], None]) -> None:
+    """Append one member (ref or fields record) that `write` appends; an optional stream's goes
+    in its union: branch 1 then the record, or branch 0 (null) in the rows without it."""
+    if not stream.optional:
+        write(rows)
+        return
+
+    def branch(r: _Rows) -> None:
+        r.same(_AVRO_RECORD)
+        write(r)
+
+    rows.member(_present(stream, block), branch, _AVRO_NULL)
+
+
 def avro_values(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
     """The schemaless Avro value of every result, as an Arrow binary array.
 
@@ -319,15 +406,9 @@ def avro_values(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
     rows.each(_varints(block[EVENT_TIME]))
     rows.each(_varints(block[PRODUCED_MS]))
     for s in layout.streams:
-        offsets, index = _split_offsets(s, block[f"{s.name}.offset"])
-        rows.same(_avro_literal_string(s.topic))
-        rows.each(_varints(block[f"{s.name}.partition"]))
-        rows.each(_varints(offsets))
-        if index is not None:
-            rows.each(_varints(index))
+        _avro_member(rows, s, block, partial(_avro_ref, stream=s, block=block))
     for s in layout.streams:
-        for field, ftype in s.fields:
-            _avro_value(rows, block[f"{s.name}.{field}"], ftype)
+        _avro_member(rows, s, block, partial(_avro_fields, stream=s, block=block))
     return rows.join()
 
 
@@ -343,7 +424,9 @@ def encode_avro(layout: ResultLayout, block: Block) -> list[bytes]:
 
 def encode_blocks(block: Block) -> list[bytes]:
     """Arrow IPC stream records of `block` without the internal columns, ROWS_PER_CHUNK rows at
-    most each (none for an empty block: commits travel on the commits topic)."""
+    most each (none for an empty block: commits travel on the commits topic). An absent member
+    keeps its columns: partition and offset ABSENT (-1), by which readers recognise it, and
+    filler that readers must not take for values."""
     written = {k: v for k, v in block.columns.items() if k not in DROPPED_COLUMNS}
     return [encode_block(Block({k: v[start:start + ROWS_PER_CHUNK] for k, v in written.items()}))
             for start in range(0, len(block), ROWS_PER_CHUNK)]
@@ -352,17 +435,27 @@ def encode_blocks(block: Block) -> list[bytes]:
 # -------------------------------------------------------------------- keys
 
 
+def _key_text(stream: StreamLayout, block: Block) -> pa.LargeBinaryArray:
+    """The join-key text of `stream`'s member in every row of `block`."""
+    types = dict(stream.fields)
+    return key_text([(block[f"{stream.name}.{k}"], types[k]) for k in stream.key_fields])
+
+
 def result_keys(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
     """The Kafka key of every result: hash mode the join-key text of the first stream's key
-    fields, ring and splitjoin modes the 32-hex result id. Feed it to `partitions_for_keys` for the results
-    partitions and to `columns.to_bytes_list` for the producer.
+    fields (the second stream's where the first is absent: right and full joins; the settings
+    give both the same key types, so equal keys have equal text), ring and splitjoin modes the
+    32-hex result id. Feed it to `partitions_for_keys` for the results partitions and to
+    `columns.to_bytes_list` for the producer.
 
     layout: the job's `result_layout`; block: a result block."""
     if layout.mode != "hash":
         return _hex_ids(block).cast(pa.large_binary())
     first = layout.streams[0]
-    types = dict(first.fields)
-    return key_text([(block[f"{first.name}.{k}"], types[k]) for k in first.key_fields])
+    present = _present(first, block)
+    if present is None:
+        return _key_text(first, block)
+    return pc.if_else(present, _key_text(first, block), _key_text(layout.streams[1], block))
 
 
 # ----------------------------------------------------------------- readers
@@ -487,9 +580,49 @@ def _avro_records(layout: ResultLayout, values: Sequence[bytes | None],
     return pa.Table.from_pylist(records, schema=_record_schema(layout, pa.binary())), np.asarray(index, np.int64)
 
 
+def _absent_column(stream: StreamLayout) -> str:
+    """The decoder's column marking the records that lack `stream`'s member. No record column is
+    named so: theirs are the record's keys and dotted paths below them, and stream names hold no ':'."""
+    return f"{stream.name}:absent"
+
+
+def _member_nulls(layout: ResultLayout,
+                  records: pa.Table) -> tuple[dict[str, np.ndarray], list[tuple[np.ndarray, str]]]:
+    """(absent-member mask per `_absent_column`, problems) of nested records (`_record_schema`),
+    whose refs (`inputs.<s>`) and fields objects (`<s>`) are null where the record has null.
+
+    An optional stream's member is absent when both are null; one null without the other is
+    malformed, and so is a result lacking more than one member. A null member of a stream that is
+    not optional is left to `_problems`, which finds its fields missing."""
+    absent, problems = {}, []
+    lacking = np.zeros(records.num_rows, np.int64)
+    for s in (s for s in layout.streams if s.optional):
+        ref_null = pc.struct_field(records.column("inputs"), s.name).is_null().to_numpy(zero_copy_only=False)
+        fields_null = records.column(s.name).is_null().to_numpy(zero_copy_only=False)
+        problems.append((ref_null != fields_null, f"inputs.{s.name} and {s.name}: one is null, the other not"))
+        absent[_absent_column(s)] = ref_null & fields_null
+        lacking += ref_null & fields_null
+    problems.append((lacking > 1, "the result lacks more than one member"))
+    return absent, problems
+
+
+def _absent_by_column(layout: ResultLayout, table: pa.Table) -> dict[str, np.ndarray]:
+    """For each flattened column of an optional stream's member (`inputs.<s>.*`, `<s>.*`), the
+    rows that lack that member (and so hold null there)."""
+    out = {}
+    for s in (s for s in layout.streams if s.optional):
+        absent = table.column(_absent_column(s)).to_numpy(zero_copy_only=False)
+        out |= {name: absent for name in table.column_names
+                if name.startswith((f"inputs.{s.name}.", f"{s.name}."))}
+    return out
+
+
 def _problems(layout: ResultLayout, table: pa.Table) -> list[tuple[np.ndarray, str]]:
-    """(bad-row mask, reason) for every check a flattened record table must pass."""
-    out = [(table.column(name).is_null().to_numpy(zero_copy_only=False), f"missing {name}")
+    """(bad-row mask, reason) for every check a flattened record table must pass. An absent
+    member's nulls pass every check: its ref's range checks read nulls as in range."""
+    absent = _absent_by_column(layout, table)
+    out = [(table.column(name).is_null().to_numpy(zero_copy_only=False) & ~absent.get(name, np.False_),
+            f"missing {name}")
            for name in table.column_names if not pa.types.is_floating(table.column(name).type)]  # null float = NaN
     ids = table.column("result_id").fill_null("")
     hex_ids = pc.match_substring_regex(ids, _HEX_ID).to_numpy(zero_copy_only=False)
@@ -517,9 +650,12 @@ def _checked(layout: ResultLayout, records: pa.Table, index: np.ndarray, rejects
 
     records: nested records (`_record_schema`); index: their positions in the input;
     base64_bytes: bytes fields arrive as base64 text (JSON)."""
-    table = records.flatten().flatten()
+    absent, member_problems = _member_nulls(layout, records)
+    # The absent masks ride along as columns, so that every row filter below keeps them in step.
+    table = pa.Table.from_arrays([*records.columns, *map(pa.array, absent.values())],
+                                 [*records.column_names, *absent]).flatten().flatten()
     # Arrow's JSON reader takes strings without checking their UTF-8: weed those out before any kernel reads them.
-    table, index = _without(table, index, _utf8_problems(table), rejects)
+    table, index = _without(table, index, _utf8_problems(table) + member_problems, rejects)
     problems = _problems(layout, table)
     if base64_bytes:
         table, base64_problems = _decode_base64_fields(layout, table)
@@ -583,22 +719,38 @@ def _numpy(values: pa.ChunkedArray, ftype: FieldType) -> np.ndarray:
     return values.to_numpy()
 
 
+def _member_values(table: pa.Table, name: str, ftype: FieldType, absent: pa.BooleanArray | None) -> np.ndarray:
+    """One member column as the engine's NumPy column, the rows lacking the member holding filler.
+
+    table: valid flattened records; name: the column; ftype: its type; absent: those rows (None: none)."""
+    values = table.column(name)
+    if absent is not None:
+        values = pc.if_else(absent, pa.scalar(_FILLER[ftype], values.type), values)
+    return _numpy(values, ftype)
+
+
 def _columns(layout: ResultLayout, table: pa.Table) -> dict[str, np.ndarray]:
-    """Result columns of valid flattened records."""
+    """Result columns of valid flattened records; an absent member as the engine's: partition and
+    offset ABSENT, ts and fields filler."""
     ids = table.column("result_id").combine_chunks().cast(pa.large_binary())
     data, offsets = flat(ids)
     hi, lo = parse_result_id_hex(data[offsets[0]:offsets[-1]].view("S32"))
     cols = {RESULT_ID_HI: hi, RESULT_ID_LO: lo, EVENT_TIME: _numpy(table.column("event_time"), "int"),
             PRODUCED_MS: _numpy(table.column("produced_ms"), "int")}
     for s in layout.streams:
+        absent = table.column(_absent_column(s)).combine_chunks() if s.optional else None
+        value = partial(_member_values, table, absent=absent)
         ref = f"inputs.{s.name}"
-        offset = _numpy(table.column(f"{ref}.offset"), "int")
+        partition, offset = value(f"{ref}.partition", "int"), value(f"{ref}.offset", "int")
         if s.blocks:
-            offset = (offset << BLOCK_SHIFT) | _numpy(table.column(f"{ref}.index"), "int")
-        cols[f"{s.name}.partition"] = _numpy(table.column(f"{ref}.partition"), "int").astype(np.int32)
+            offset = (offset << BLOCK_SHIFT) | value(f"{ref}.index", "int")
+        if absent is not None:
+            lacking = absent.to_numpy(zero_copy_only=False)
+            partition, offset = np.where(lacking, ABSENT, partition), np.where(lacking, ABSENT, offset)
+        cols[f"{s.name}.partition"] = partition.astype(np.int32)
         cols[f"{s.name}.offset"] = offset
-        cols[f"{s.name}.ts"] = _numpy(table.column(f"{s.name}.{s.time_field}"), "int")
-        cols |= {f"{s.name}.{f}": _numpy(table.column(f"{s.name}.{f}"), t) for f, t in s.fields}
+        cols[f"{s.name}.ts"] = value(f"{s.name}.{s.time_field}", "int")
+        cols |= {f"{s.name}.{f}": value(f"{s.name}.{f}", t) for f, t in s.fields}
     return cols
 
 
@@ -607,6 +759,22 @@ def _block_schema(layout: ResultLayout) -> pa.Schema:
     special = {RESULT_ID_HI: pa.uint64(), RESULT_ID_LO: pa.uint64()} | {
         f"{s.name}.partition": pa.int32() for s in layout.streams}
     return pa.schema([(name, special.get(name, _ARROW[t])) for name, t in result_columns(layout).items()])
+
+
+def _block_ref_problem(layout: ResultLayout, table: pa.Table) -> str | None:
+    """What is wrong with the refs of a block of results, or None: a negative partition or offset,
+    unless both are ABSENT in an optional stream (an absent member); more than one member absent.
+
+    table: the block's result columns, without nulls."""
+    lacking = np.zeros(table.num_rows, np.int64)
+    for s in layout.streams:
+        partition = table.column(f"{s.name}.partition").to_numpy()
+        offset = table.column(f"{s.name}.offset").to_numpy()
+        absent = (partition == ABSENT) & (offset == ABSENT) & s.optional
+        if ((partition < 0) | (offset < 0))[~absent].any():
+            return f"{s.name}.partition or {s.name}.offset negative" + ("" if s.optional else " (not optional)")
+        lacking += absent
+    return "a result lacks more than one member" if (lacking > 1).any() else None
 
 
 def _decode_blocks(layout: ResultLayout, values: Sequence[bytes | None]) -> DecodedResults:
@@ -619,8 +787,9 @@ def _decode_blocks(layout: ResultLayout, values: Sequence[bytes | None]) -> Deco
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of results: {e}"))
             continue
         nulls = [name for name in schema.names if table.column(name).null_count]
-        if nulls:
-            rejects.append(Reject(i, "malformed", f"nulls in result columns {nulls}"))
+        problem = f"nulls in result columns {nulls}" if nulls else _block_ref_problem(layout, table)
+        if problem:
+            rejects.append(Reject(i, "malformed", problem))
             continue
         tables.append(table)
     table = pa.concat_tables(tables) if tables else schema.empty_table()

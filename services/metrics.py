@@ -83,6 +83,15 @@ BATCH_SECONDS = Histogram("streamjoin_batch_seconds", "Time to join one batch (a
 DELAY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 DELAY_SECONDS = BlockHistogram("streamjoin_production_delay_seconds",
                                "Result wall time minus wall arrival of its newest input", DELAY_BUCKETS, REGISTRY)
+UNMATCHED = Counter("streamjoin_unmatched_rows_total", "Null-padded rows emitted for rows proven unmatched "
+                    "(join.type left, right, full, anti)", registry=REGISTRY)
+AWAITING_DECISION = Gauge("streamjoin_rows_awaiting_decision", "Live rows of the decided streams (join.type not "
+                          "inner) that no result has held yet: each waits for a match or for the watermark to pass "
+                          "its deadline (an input that holds the watermark back holds them)", registry=REGISTRY)
+UNMATCHED_DELAY_SECONDS = BlockHistogram(
+    "streamjoin_unmatched_delay_seconds", "Emission wall time of an unmatched row minus its deadline (event time + "
+    "window + allowed lateness, time windows; meaningful when event time follows the wall clock)",
+    DELAY_BUCKETS, REGISTRY)
 REPARTITIONED = Counter("streamjoin_repartitioned_records", "Misrouted records forwarded to their group's "
                         "by-key partition (join.repartition: auto)", ["stream"], registry=REGISTRY)
 REPARTITION_DUPLICATES = Counter("streamjoin_repartition_duplicates", "Forwarded records seen again after a retried "

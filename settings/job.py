@@ -145,7 +145,16 @@ class PredicateTerm(_Strict):
         return "udf" if self.udf is not None else "band" if self.within is not None else "eq"
 
 
+JoinType = Literal["inner", "left", "right", "full", "semi", "anti"]
+
+
 class JoinSpec(_Strict):
+    type: JoinType = Field(
+        default="inner",
+        description="inner: combinations only; left/right/full: also each row of the first/second/both streams "
+                    "that no partner joined, null-padded, once the watermark proves none can come; semi: each row of "
+                    "the first stream once, on its first match; anti: each row of the first stream no partner "
+                    "joined, once proven. Not inner: hash mode, two streams")
     mode: Literal["hash", "ring", "splitjoin"] = Field(
         default="hash", description="hash: partition groups by key (seeds 000/003); ring: PSP time slices (seed 004); "
                                     "splitjoin: broadcast cores, results in input order (seed 001)")
@@ -613,6 +622,7 @@ class JobSettings(BaseModel):
             raise ValueError(f"workload.rate_factors names streams {unknown} the job does not have ({names})")
         self._check_retention()
         self._check_reorg_epoch()
+        self._check_join_type()
         if self.join.mode == "hash":
             self._check_hash_mode()
         else:
@@ -651,6 +661,22 @@ class JobSettings(BaseModel):
             raise ValueError(f"coordinator.reorg_epoch_ms ({self.coordinator.reorg_epoch_ms}) is shorter than "
                              f"worker.heartbeat_ms ({self.worker.heartbeat_ms}): an epoch would hold no backlog "
                              "sample of a worker")
+
+    def _check_join_type(self) -> None:
+        """Outer, semi and anti joins decide a row when its window expires, which hash mode's
+        per-group windows know exactly; the other modes are refused, with why."""
+        if self.join.type == "inner":
+            return
+        if self.join.mode != "hash":
+            raise ValueError(f"join.type {self.join.type} needs join.mode hash: in {self.join.mode} mode a tuple's "
+                             "partners are spread over nodes or cores that never learn each other's matches, so "
+                             "an unmatched row cannot be proven exactly")
+        if len(self.streams) != 2:
+            raise ValueError(f"join.type {self.join.type} joins two streams, got {len(self.streams)}: a multi-way "
+                             "outer join is not supported")
+        if self.worker.spill.mode == "deferred":
+            raise ValueError(f"join.type {self.join.type} needs worker.spill.mode probe: a deferred generation's "
+                             "matches are found only at its clean-up, after its rows' deadline")
 
     def _check_hash_mode(self) -> None:
         if self.worker.spill.mode == "deferred":
@@ -796,6 +822,19 @@ class JobSettings(BaseModel):
     @property
     def consumer_group(self) -> str:
         return f"streamjoin-{self.job}"
+
+    @property
+    def decided_streams(self) -> tuple[int, ...]:
+        """The streams whose rows the join decides (emits alone, null-padded): left, semi and
+        anti the first, right the second, full both, inner none."""
+        return {"inner": (), "left": (0,), "semi": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}[self.join.type]
+
+    @property
+    def optional_streams(self) -> tuple[bool, ...]:
+        """Per stream, whether a result may lack it (its ref and fields are null): the streams
+        other than a decided one's, which appear alone."""
+        decided = self.decided_streams
+        return tuple(any(d != i for d in decided) for i in range(len(self.streams)))
 
     @property
     def emits_on_watermark(self) -> bool:

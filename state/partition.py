@@ -1,6 +1,8 @@
 """Key layout of one partition group inside the worker's store:
     g/<group>/ckpt                   checkpoint (JSON)
     g/<group>/w/<stream>/<seq>       window block appended by batch <seq> (Arrow IPC)
+    g/<group>/m/<stream>/<seq>       outer/semi/anti joins: refs of <stream>'s rows batch <seq>
+                                     matched for the first time (Arrow IPC; engine/outer.py)
 Fixed-width numbers keep RocksDB's byte order equal to numeric order."""
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ def window_prefix(group: int, stream: int) -> bytes:
 
 def window_block_key(group: int, stream: int, seq: int) -> bytes:
     return window_prefix(group, stream) + f"{seq:012d}".encode()
+
+
+def marks_prefix(group: int, stream: int) -> bytes:
+    return group_prefix(group) + f"m/{stream:02d}/".encode()
+
+
+def marks_key(group: int, stream: int, seq: int) -> bytes:
+    return marks_prefix(group, stream) + f"{seq:012d}".encode()
 
 
 def seq_of(key: bytes) -> int:

@@ -10,6 +10,13 @@ A block stays on disk while any of its tuples is still in the window; a
 restored window is the stored blocks, added back as runs in batch order and
 filtered by the same expiry rule, so it equals the window the worker had in
 memory (each block was stored sorted, so no whole-window sort is needed).
+
+Outer, semi and anti joins also store, per batch and decided stream, the refs
+its results matched for the first time (engine/outer.py's marks); a restored
+window's matched set is their union. A marks record is dropped with the last
+live tuple it names (its newest ts below the stream's floor), and is always
+written after the blocks of the tuples it names, so the changelog range that
+rebuilds those blocks holds it too.
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamjoin.engine.block import TS, Block, concat
+from streamjoin.engine.block import OFF, PART, TS, Block, concat
+from streamjoin.engine.outer import ref_keys
 from streamjoin.engine.runs import SortedRuns
 from streamjoin.engine.window_join import GroupWindow, JoinPlan, empty_window, expire
 from streamjoin.schemas.codecs import decode_block, encode_block
 from streamjoin.state.checkpoint import GroupCheckpoint
-from streamjoin.state.partition import (checkpoint_key, group_prefix, seq_of, window_block_key, window_block_of,
-                                        window_prefix)
+from streamjoin.state.partition import (checkpoint_key, group_prefix, marks_key, marks_prefix, seq_of,
+                                        window_block_key, window_block_of, window_prefix)
 from streamjoin.state.spill import GroupActivity, choose_victims
 from streamjoin.state.store import Store
 from streamjoin.state.transaction import StateTransaction
@@ -51,6 +59,9 @@ class GroupState:
     changelog_next: int = 0
     # Deferred spill: the window in memory was pushed; the next batch starts a new generation.
     push_pending: bool = False
+    # Outer/semi/anti joins: per decided stream, stored marks record seq -> (its newest ts, its
+    # bytes: a delete must retract every changelog chunk of a big one).
+    marks: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
 
     def spilled_bytes(self) -> int:
         """Stored bytes of the spilled generations (blocks before the generation in memory)."""
@@ -125,7 +136,21 @@ class WindowedStore:
         if ckpt.max_ts:
             window.max_ts, window.watermark = list(ckpt.max_ts), ckpt.watermark
         expire(self.plan, window)
+        for i in window.matched:
+            self._restore_marks(group, state, i)
         return state
+
+    def _restore_marks(self, group: int, state: GroupState, stream: int) -> None:
+        """Rebuild `stream`'s matched set from its stored marks, keeping only refs of live tuples."""
+        raw = {seq_of(k): v for k, v in self.store.scan(marks_prefix(group, stream))}
+        marks = {seq: decode_block(v) for seq, v in raw.items()}
+        state.marks[stream] = {seq: (int(block[TS].max()), len(raw[seq])) for seq, block in marks.items() if len(block)}
+        refs = concat([Block({PART: np.empty(0, np.int32), OFF: np.empty(0, np.int64), TS: np.empty(0, np.int64)}),
+                       *marks.values()])
+        live = state.window.runs[stream].merged()
+        keys = ref_keys(refs[PART], refs[OFF])
+        alive = np.isin(keys, ref_keys(live[PART], live[OFF]))
+        state.window.matched[stream].add(keys[alive], refs[TS][alive])
 
     def stored_blocks(self, group: int, state: GroupState, from_seq: int) -> list[Block]:
         """Per stream, the stored tuples of `group` from batch `from_seq` on, as one block
@@ -173,9 +198,11 @@ class WindowedStore:
         return state
 
     # ----------------------------------------------------------------- writes
-    def stage(self, tx: StateTransaction, group: int, state: GroupState, appended: list[Block]) -> None:
-        """Write a batch's new blocks, drop blocks with no live tuple, and the checkpoint (last,
-        so that in the changelog a checkpoint follows every write it stands for)."""
+    def stage(self, tx: StateTransaction, group: int, state: GroupState, appended: list[Block],
+              marks: dict[int, Block] | None = None) -> None:
+        """Write a batch's new blocks and marks (`marks`: per decided stream, the refs its results
+        matched first), drop blocks and marks with no live tuple, and the checkpoint (last, so
+        that in the changelog a checkpoint follows every write it stands for)."""
         seq = state.checkpoint.seq
         for i, block in enumerate(appended):
             if len(block):
@@ -186,19 +213,45 @@ class WindowedStore:
                 tx.delete(window_block_key(group, i, dead), state.stored_bytes[i].pop(dead, 0))
                 del state.stored[i][dead]
                 state.logged[i].pop(dead, None)
+        self._stage_marks(tx, group, state, marks or {})
         if self.changelog and not state.checkpoint.in_changelog:
             # Blocks stored before the job kept a changelog: written once more, so that from
             # this batch on the changelog holds every live block.
-            for i, blocks in enumerate(state.stored):
-                for old in sorted(set(blocks) - {seq}):
-                    key = window_block_key(group, i, old)
-                    value = self.store.get(key)
-                    if value is not None:
-                        tx.put(key, value)
+            rewritten = [window_block_key(group, i, old) for i, blocks in enumerate(state.stored)
+                         for old in sorted(set(blocks) - {seq})]
+            rewritten += [marks_key(group, i, old) for i, stored in state.marks.items() for old in sorted(stored)
+                          if not (marks and i in marks and old == seq)]
+            for key in rewritten:
+                value = self.store.get(key)
+                if value is not None:
+                    tx.put(key, value)
         state.checkpoint = state.checkpoint.model_copy(update={"changelog_low": state.changelog_low(seq),
                                                                "in_changelog": self.changelog})
         tx.put(checkpoint_key(group), state.checkpoint.encode())
         self._sizes[group] = state.window.nbytes
+
+    def _stage_marks(self, tx: StateTransaction, group: int, state: GroupState, marks: dict[int, Block]) -> None:
+        """Store a batch's new marks; drop the marks records whose tuples have all expired."""
+        seq = state.checkpoint.seq
+        for i in state.window.matched:
+            stored = state.marks.setdefault(i, {})
+            block = marks.get(i)
+            if block is not None and len(block):
+                raw = encode_block(block)
+                tx.put(marks_key(group, i, seq), raw)
+                stored[seq] = (int(block[TS].max()), len(raw))
+            oldest = self._oldest_live(state, i)
+            for dead in [s for s, (newest, _) in stored.items() if newest < oldest]:
+                tx.delete(marks_key(group, i, dead), stored.pop(dead)[1])
+
+    def _oldest_live(self, state: GroupState, stream: int) -> int:
+        """A time below which `stream` holds no live tuple: a time window's floor; for a count
+        window the oldest live tuple's time (count windows hold their state merged)."""
+        runs = state.window.runs[stream]
+        if self.plan.streams[stream].range_ms is not None:
+            return runs.floor
+        merged = runs.merged()
+        return int(merged[TS].min()) if len(merged) else np.iinfo(np.int64).max
 
     def _dead_blocks(self, state: GroupState, stream: int) -> list[int]:
         """Stored blocks of `stream` no live tuple and no pending clean-up needs any more."""

@@ -18,6 +18,14 @@ Per format:
                 too, and takes a ref naming another topic for a malformed record.
 Then one vectorised id check per Arrow batch, whatever the format.
 
+Absent members (outer, semi and anti joins): a result may lack the member of
+an optional stream (`JobSettings.optional_streams`); its record has null for
+both its ref and its fields object (json, avro) or partition and offset -1
+(blocks). Its row has `<s>.partition` and `<s>.offset` ABSENT (-1), and the id
+check hashes (-1, -1) under the stream's own topic, as the engine does. A null
+member of any other stream, or an optional member with one of ref and fields
+null but not the other, is a record that does not decode.
+
 Commit records (schemas/results.py) are JSON on `<job>.commits`: a group's
 final watermark is the highest over its `batch` commits, the ring's release
 watermark the highest over its `round` releases.
@@ -36,6 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
+from streamjoin.engine.result_ids import ABSENT
 from streamjoin.schemas.codecs import BLOCK_SHIFT
 from streamjoin.schemas.results import EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, ref_columns
 from streamjoin.settings import JobSettings, StreamSpec
@@ -95,31 +104,54 @@ def _ref_struct(spec: StreamSpec) -> StructType:
 
 
 def json_result_schema(job: JobSettings) -> StructType:
-    """The part of a JSON result record verify reads (from_json ignores the field values)."""
+    """The part of a JSON result record verify reads: the id, the times, the refs, and an optional
+    stream's fields object as raw text (null for an absent member; other field values are not read)."""
     inputs = StructType([StructField(s.name, _ref_struct(s)) for s in job.streams])
+    fields = [StructField(s.name, StringType()) for s, optional in zip(job.streams, job.optional_streams) if optional]
     return StructType([StructField(RESULT_ID, StringType()), StructField(EVENT_TIME, LongType()),
-                       StructField(PRODUCED_MS, LongType()), StructField(INPUTS, inputs)])
+                       StructField(PRODUCED_MS, LongType()), StructField(INPUTS, inputs), *fields])
 
 
 def _tuple_offset(ref: Column, spec: StreamSpec) -> tuple[Column, Column]:
-    """(tuple offset, is the ref complete) of a stream's ref struct."""
+    """(tuple offset, is it in range: null or false if not) of a stream's ref struct."""
     if spec.format != "blocks":
-        return ref["offset"], ref["offset"].isNotNull()
+        return ref["offset"], ref["offset"] >= 0
     index = ref["index"]
     in_range = index.between(0, (1 << BLOCK_SHIFT) - 1) & ref["offset"].between(0, (1 << (63 - BLOCK_SHIFT)) - 1)
     return F.shiftleft(ref["offset"], BLOCK_SHIFT).bitwiseOR(index), in_range
+
+
+def _json_member(job: JobSettings, spec: StreamSpec, optional: bool) -> tuple[list[Column], Column, Column]:
+    """(stated columns, is the member well-formed, is it absent) of one stream's member in the
+    parsed record `j`. An absent member (optional streams: ref and fields object both null) states
+    partition and offset ABSENT and the stream's own topic, which its id hashes them under.
+
+    job: the job; spec: the stream; optional: whether a result may lack its member."""
+    ref = F.col("j")[INPUTS][spec.name]
+    offset, offset_ok = _tuple_offset(ref, spec)
+    part, off, topic = _stated(spec.name)
+    stated = [ref["partition"], offset, ref["topic"]]
+    present_ok = ref["topic"].isNotNull() & (ref["partition"] >= 0) & offset_ok
+    if not optional:
+        return [c.alias(n) for c, n in zip(stated, (part, off, topic))], present_ok, F.lit(False)
+    absent = ref.isNull() & F.col("j")[spec.name].isNull()
+    stand_ins = [F.lit(ABSENT), F.lit(ABSENT).cast(LongType()), F.lit(job.topic_of(spec))]
+    stated = [F.when(absent, a).otherwise(c) for a, c in zip(stand_ins, stated)]
+    ok = absent | (present_ok & F.col("j")[spec.name].isNotNull())
+    return [c.alias(n) for c, n in zip(stated, (part, off, topic))], ok, absent
 
 
 def _json_results(values: DataFrame, job: JobSettings) -> DataFrame:
     j = F.from_json(F.col("value").cast("string"), json_result_schema(job))
     parsed = values.select(j.alias("j"))
     refs, complete = [], [F.col("j")[c].isNotNull() for c in (RESULT_ID, EVENT_TIME, PRODUCED_MS)]
-    for s in job.streams:
-        ref = F.col("j")[INPUTS][s.name]
-        offset, offset_ok = _tuple_offset(ref, s)
-        part, off, topic = _stated(s.name)
-        refs += [ref["partition"].alias(part), offset.alias(off), ref["topic"].alias(topic)]
-        complete += [ref["topic"].isNotNull(), ref["partition"].isNotNull(), offset_ok]
+    lacking = F.lit(0)
+    for s, optional in zip(job.streams, job.optional_streams):
+        stated, ok, absent = _json_member(job, s, optional)
+        refs += stated
+        complete.append(ok)
+        lacking = lacking + absent.cast(IntegerType())
+    complete.append(lacking <= 1)  # a result lacks one member at most
     record_ok = F.coalesce(reduce(lambda a, b: a & b, complete), F.lit(False))
     return parsed.select(record_ok.alias(RECORD_OK), F.col("j")[RESULT_ID].alias(RESULT_ID),
                          F.col("j")[EVENT_TIME].alias(EVENT_TIME), F.col("j")[PRODUCED_MS].alias(PRODUCED_MS), *refs)
@@ -151,7 +183,8 @@ def _codec_decoder(job: JobSettings, out: pa.Schema) -> BatchFunction:
 
 def _stated_rows(job: JobSettings, columns: dict[str, np.ndarray], out: pa.Schema) -> pa.Table:
     """The reader's result columns as _record_schema rows. It rejects refs naming another
-    topic, so the refs it returns name the job's source topics."""
+    topic, so the refs it returns name the job's source topics (an absent member's, partition
+    and offset ABSENT, names none: its id hashes it under its stream's topic, stated here too)."""
     from streamjoin.engine.result_ids import result_id_hex
 
     n = len(columns[EVENT_TIME])

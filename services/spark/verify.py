@@ -17,6 +17,11 @@ Windows, as an exclusive bound on the result time T each tuple allows
             (ts(u), offset(u)) > (ts(s), offset(s))
             <=>  T < ts of the N-th such tuple after s in (ts, offset) order
             (no bound when there is none).
+
+Outer, semi and anti joins (2 streams, `expected_outer_join`) are Spark SQL's
+own left/right/full outer, left semi and left anti joins on key equality and
+that window rule; a null-padded row counts once its group's final watermark
+decides it (engine/reference.py `decided`), its absent member's refs ABSENT.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, In
                                StructField, StructType)
 
 from streamjoin.engine.predicates import UDF_ERROR, Term, compile_terms, evaluate_isolated, terms_between
+from streamjoin.engine.result_ids import ABSENT
 from streamjoin.schemas.codecs import BLOCK_SHIFT, arrow_schema
 from streamjoin.schemas.splitjoin import MARK_HEADER
 from streamjoin.schemas.results import EVENT_TIME, H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, PRODUCED_MS, ref_columns
@@ -121,6 +127,83 @@ def expected_join(inputs: Sequence[DataFrame], windows: Sequence[WindowSpec],
         wm = final_watermark.select(F.col("group").alias("g0"), "watermark")
         out = out.join(wm, "g0").filter(F.col(EVENT_TIME) < F.col("watermark"))
     return out.select(*_refs(len(inputs)), EVENT_TIME)
+
+
+# ---------------------------------------------------------------- outer, semi and anti joins (2 streams)
+
+# Spark SQL's join type for each of the job's; the oracle is Spark's own join, not the engine's rule.
+_SPARK_JOIN = {"left": "left_outer", "right": "right_outer", "full": "full_outer", "semi": "left_semi",
+               "anti": "left_anti"}
+
+
+def _decided(window: WindowSpec) -> Column:
+    """Whether the group's final `watermark` proves no partner can still join the tuple
+    (null watermark: its group never committed a batch, so nothing is decided):
+    RANGE W: watermark >= ts + W = until;  ROWS N: the N-th newer tuple's ts (until) < watermark."""
+    until, wm = F.col("until"), F.col("watermark")
+    return F.coalesce(until <= wm if window.range_ms is not None else until < wm, F.lit(False))
+
+
+def _outer_side(tuples: DataFrame, window: WindowSpec, i: int, watermarks: DataFrame) -> DataFrame:
+    """Stream i's tuples as k<i> (key), p<i>, o<i>, ts<i>, u<i> (window bound, _NO_BOUND for none),
+    w<i> (its group's final watermark, null: none) and d<i> (decided by it).
+
+    `tuples` as expected_join takes them; `watermarks`: group, watermark (final_watermarks)."""
+    bounded = _with_until(tuples.select("partition", "offset", "key", "ts", "group"), window)
+    with_wm = bounded.join(watermarks.select("group", "watermark"), "group", "left")
+    return with_wm.select(F.col("key").alias(f"k{i}"), F.col("partition").alias(_p(i)), F.col("offset").alias(_o(i)),
+                          F.col("ts").alias(f"ts{i}"), F.coalesce("until", F.lit(_NO_BOUND)).alias(f"u{i}"),
+                          F.col("watermark").alias(f"w{i}"), _decided(window).alias(f"d{i}"))
+
+
+def _emitted(join_type: str, eager: bool) -> Column:
+    """Which rows of Spark's join are results: a combination once final (time windows: at
+    once; count windows: T below its group's watermark), a row alone once decided. Semi rows
+    are all results: the semi join itself asked for a final partner."""
+    if join_type == "semi":
+        return F.lit(True)
+    p0, p1 = F.col(_p(0)), F.col(_p(1))
+    # A group with no watermark leaves `final` null, which filter() takes as false: not final.
+    final = F.lit(True) if eager else F.col(EVENT_TIME) < F.col("w0")
+    return (p0.isNotNull() & p1.isNotNull() & final) | (p1.isNull() & F.col("d0")) | (p0.isNull() & F.col("d1"))
+
+
+def expected_outer_join(inputs: Sequence[DataFrame], windows: Sequence[WindowSpec], join_type: str,
+                        watermarks: DataFrame) -> DataFrame:
+    """Every result of a 2-way left, right, full, semi or anti join, as p0, o0, p1, o1 and
+    event_time (the present member's ts for a row alone); an absent member's p and o are ABSENT.
+
+    `inputs`, `windows` as expected_join takes them; `join_type` one of _SPARK_JOIN;
+    `watermarks`: group, watermark, each group's final watermark (final_watermarks).
+    Contract: engine/reference.py reference_outer_join."""
+    assert len(inputs) == 2 and join_type in _SPARK_JOIN
+    sides = [_outer_side(t, w, i, watermarks) for i, (t, w) in enumerate(zip(inputs, windows))]
+    t = F.greatest(F.col("ts0"), F.col("ts1"))
+    # The window rule on every pair, final or not: a row any combination holds is matched.
+    on = (F.col("k0") == F.col("k1")) & (t < F.least(F.col("u0"), F.col("u1")))
+    eager = all(w.range_ms is not None for w in windows)
+    if join_type == "semi" and not eager:
+        on = on & (t < F.col("w0"))  # semi: a row counts once it is in a final combination
+    rows = sides[0].join(sides[1], on, _SPARK_JOIN[join_type])
+    if join_type in ("semi", "anti"):  # Spark keeps only the left side's columns
+        rows = rows.select("*", *[F.lit(None).cast(c.dataType).alias(c.name) for c in sides[1].schema.fields])
+    # greatest() skips nulls: a row alone has its own ts.
+    rows = rows.withColumn(EVENT_TIME, t).filter(_emitted(join_type, eager))
+    # Spark's null padding is the absent member: its refs become ABSENT, as results carry them.
+    refs = [F.coalesce(F.col(c), F.lit(ABSENT).cast(kind)).alias(c)
+            for i in (0, 1) for c, kind in ((_p(i), "int"), (_o(i), "long"))]
+    return rows.select(*refs, EVENT_TIME)
+
+
+def expected_results(inputs: Sequence[DataFrame], windows: Sequence[WindowSpec], join_type: str,
+                     watermarks: DataFrame) -> DataFrame:
+    """The results a job of `join_type` must produce (refs and event_time): expected_join for
+    inner (count windows bounded by the final watermarks), expected_outer_join otherwise.
+    Parameters as expected_outer_join takes them."""
+    if join_type != "inner":
+        return expected_outer_join(inputs, windows, join_type, watermarks)
+    counted = any(w.rows is not None for w in windows)
+    return expected_join(inputs, windows, watermarks if counted else None)
 
 
 # ---------------------------------------------------------------- reading Kafka
@@ -548,13 +631,53 @@ def compare(expected: DataFrame, actual: DataFrame, m: int) -> dict[str, int]:
 
 
 def production_delays(actual: DataFrame, arrivals: Sequence[DataFrame]) -> DataFrame:
-    """produced_ms and delay = produced_ms - latest Kafka timestamp among the result's inputs."""
+    """produced_ms and delay = produced_ms - latest Kafka timestamp among the result's inputs.
+
+    `actual`: p<i>, o<i>, produced_ms; `arrivals[i]`: stream i's partition, offset, arrival.
+    An absent member (refs ABSENT) meets no arrival: greatest() skips its null, so the
+    delay is from the present members' arrivals."""
     out = actual
     for i, a in enumerate(arrivals):
         out = out.join(a.select(F.col("partition").alias(_p(i)), F.col("offset").alias(_o(i)),
                                 F.col("arrival").alias(f"a{i}")), [_p(i), _o(i)], "left")
     latest = F.greatest(*[F.col(f"a{i}") for i in range(len(arrivals))])
     return out.select(PRODUCED_MS, (F.col(PRODUCED_MS) - latest).alias("delay")).filter(F.col("delay").isNotNull())
+
+
+def unmatched_delays(actual: DataFrame, decoded: Sequence[DataFrame], job: JobSettings) -> DataFrame:
+    """produced_ms and delay = produced_ms - deadline for each produced row alone (outer and
+    anti joins): the deadline is its ts + its stream's RANGE window + join.allowed_lateness_ms,
+    the event time at which the watermark decides it.
+
+    `actual`: p<i>, o<i>, produced_ms (absent members ABSENT); `decoded[i]`: stream i's
+    partition, offset, ts; `job`: a join whose decided streams all have time windows (a
+    count-window row has no deadline in time)."""
+    parts = []
+    for side in job.decided_streams:
+        window = job.streams[side].window.range_ms
+        assert window is not None, f"stream {side} counts rows: its rows have no deadline in time"
+        alone = actual.filter((F.col(_p(1 - side)) == ABSENT) & (F.col(_p(side)) != ABSENT))
+        ts = decoded[side].select(F.col("partition").alias(_p(side)), F.col("offset").alias(_o(side)), "ts")
+        deadline = F.col("ts") + F.lit(window + job.join.allowed_lateness_ms)
+        parts.append(alone.join(ts, [_p(side), _o(side)]).select(
+            PRODUCED_MS, (F.col(PRODUCED_MS) - deadline).alias("delay")))
+    # A result naming an input that did not decode has no ts: it is extra, not late.
+    return reduce(DataFrame.unionByName, parts).filter(F.col("delay").isNotNull())
+
+
+def _unmatched_fields(job: JobSettings, expected: DataFrame, actual: DataFrame,
+                      decoded: Sequence[DataFrame]) -> dict:
+    """join_type; unmatched: expected results of rows no partner joined (left/right/full rows
+    alone, anti rows; semi rows matched, so 0 as for inner); unmatched_delay_ms: percentiles of
+    unmatched_delays, when every decided stream has a time window. Parameters as _outcome's."""
+    fields: dict[str, object] = {"join_type": job.join.type, "unmatched": 0}
+    if job.join.type in ("inner", "semi"):
+        return fields
+    absent = reduce(lambda a, b: a | b, [F.col(_p(i)) == ABSENT for i in range(len(job.streams))])
+    fields["unmatched"] = expected.filter(absent).count()
+    if all(job.streams[s].window.range_ms is not None for s in job.decided_streams):
+        fields["unmatched_delay_ms"] = _percentiles(unmatched_delays(actual, decoded, job))
+    return fields
 
 
 def _percentiles(delays: DataFrame) -> dict[str, float | None]:
@@ -630,7 +753,9 @@ def _outcome(job: JobSettings, expected: DataFrame, raw_results: DataFrame,
              decoded: list[DataFrame]) -> tuple[dict, DataFrame]:
     """Produced results against the expected ones: the report's result fields, and the delays.
     `bad_records` counts result records that do not decode (they are no result: not compared);
-    `bad_ids` decoded results whose id is not the one their refs give."""
+    `bad_ids` decoded results whose id is not the one their refs give; join_type, unmatched and
+    unmatched_delay_ms as _unmatched_fields says. `decoded[i]`: stream i's inputs (partition,
+    offset, ts, arrival)."""
     names = [s.name for s in job.streams]
     results = decode_results(raw_results, job).localCheckpoint()
     actual = _actual_refs(results.filter(F.col(RECORD_OK)), names)
@@ -640,7 +765,7 @@ def _outcome(job: JobSettings, expected: DataFrame, raw_results: DataFrame,
     delays = production_delays(actual, decoded).localCheckpoint()
     return {"results": int(totals["n"]), "result_records": raw_results.count(), **diff,
             "bad_records": int(totals["bad_records"]), "bad_ids": int(totals["bad_ids"]),
-            "delay_ms": _percentiles(delays)}, delays
+            "delay_ms": _percentiles(delays), **_unmatched_fields(job, expected, actual, decoded)}, delays
 
 
 def hash_inputs(raw: DataFrame, job: JobSettings) -> tuple[list[DataFrame], DataFrame]:
@@ -666,8 +791,8 @@ def _verify_hash(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
     accepted = [accepted_inputs(d) for d in decoded]
 
     watermarks = final_watermarks(raw.filter(F.col("topic") == job.commits_topic)).localCheckpoint()
-    expected = expected_join(accepted, [s.window for s in job.streams],
-                             watermarks if job.emits_on_watermark else None).localCheckpoint()
+    expected = expected_results(accepted, [s.window for s in job.streams], job.join.type,
+                                watermarks).localCheckpoint()
     outcome, delays = _outcome(job, expected, raw_results, decoded)
     return {
         **_input_summary(names, decoded, dead.count()),

@@ -25,7 +25,7 @@ from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.services.worker.backlog import RecordSize, backlog_bytes
 from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of, routing_for
 from streamjoin.services.worker.output import Emitter
-from streamjoin.services.worker.processor import GroupBatch, join_plan, run_cycle
+from streamjoin.services.worker.processor import GroupBatch, join_plan, run_cycle, unmatched_delays_ms
 from streamjoin.services.worker.recovery import recover_groups
 from streamjoin.state.store import Store
 from streamjoin.state.transaction import StateTransaction
@@ -254,11 +254,14 @@ class Worker:
         started = time.perf_counter()
         now_ms = int(time.time() * 1000)
         idle, woken = self._idle(now_ms)
+        floors = self._wall_clock_floors(idle, now_ms)
+        woken = sorted(set(woken) | set(floors))
         if not self.pending and not woken:
             return
         self._advance_to_consumer_positions()
         self.record_size.observe(self.pending)
-        batches = run_cycle(self.job, self.plan, self.store, self.pending, self.routings, now_ms, idle, woken)
+        batches = run_cycle(self.job, self.plan, self.store, self.pending, self.routings, now_ms, idle, woken,
+                            floors)
         self.idle_seen.update({b.group: idle.get(b.group, frozenset()) for b in batches})
         self.pending = {}
         offsets = self._next_offsets(batches)
@@ -266,7 +269,7 @@ class Worker:
 
         def stage() -> StateTransaction:
             for b in batches:
-                self.store.stage(tx, b.group, b.state, b.appended)
+                self.store.stage(tx, b.group, b.state, b.appended, b.marks)
             return tx
 
         try:
@@ -318,6 +321,21 @@ class Worker:
         busy = {g for buf in self.pending.values() for g in buf.positions}
         woken = [g for g in groups if g not in busy and idle.get(g, frozenset()) != self.idle_seen.get(g, frozenset())]
         return idle, woken
+
+    def _wall_clock_floors(self, idle: dict[int, frozenset[int]], now_ms: int) -> dict[int, int]:
+        """Outer, semi and anti joins with join.idle_timeout_ms: a group whose every stream is
+        silent has no stream time left to move its watermark, so the wall clock does (now -
+        idle_timeout_ms - allowed_lateness: a record that old arriving later is late, the trade
+        idle_timeout_ms makes), else its unmatched rows would wait for the next record. Only
+        groups in memory with a row whose deadline that passes get a batch (group -> floor)."""
+        if self.job.join.type == "inner" or not idle:
+            return {}
+        floor = now_ms - (self.job.join.idle_timeout_ms or 0) - self.job.join.allowed_lateness_ms
+        everything = len(self.job.streams)
+        hot = self.store.hot_groups()
+        due = [g for g, streams in idle.items() if len(streams) == everything and g in hot and g in self.groups
+               and (deadline := hot[g].window.next_deadline(self.plan)) is not None and deadline <= floor]
+        return {g: floor for g in due}
 
     def _reconcile_offsets(self) -> None:
         """Bring the group's committed offsets of idle partitions up to what this worker knows.
@@ -417,11 +435,16 @@ class Worker:
             metrics.STATE_TUPLES.labels(str(b.group)).set(b.state.window.tuples)
             self.store.observe(b.group, b.now_ms, sum(len(block) for block in b.appended), len(b.results))
             self.results_total += len(b.results)
+            if b.unmatched:
+                metrics.UNMATCHED.inc(b.unmatched)
+                metrics.UNMATCHED_DELAY_SECONDS.observe_many(unmatched_delays_ms(self.job, b.results) / 1000.0)
             if b.cleanup is not None:
                 metrics.CLEANUPS.inc(b.cleanup.generations)
                 metrics.CLEANUP_RESULTS.inc(b.cleanup.results)
                 metrics.CLEANUP_SECONDS.observe(b.cleanup.seconds)
         metrics.HOT_BYTES.set(self.store.hot_size)
+        if self.job.join.type != "inner":
+            metrics.AWAITING_DECISION.set(sum(s.window.awaiting for s in self.store.hot_groups().values()))
 
     # --------------------------------------------------------------- heartbeat
     def _heartbeat(self) -> None:

@@ -4,7 +4,7 @@ live processing and recovery replay, which is what makes replay exact."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Collection, Mapping, Sequence
 
 import numpy as np
@@ -13,6 +13,7 @@ import time
 
 from streamjoin.engine.block import OFF, PART, Block, concat
 from streamjoin.engine.cleanup import cleanup_results, generation_of
+from streamjoin.engine.result_ids import ABSENT, EVENT_TIME, PRODUCED_MS
 from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, process_batch
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block, keys_are_exact
 from streamjoin.services.worker.intake import DeadRecord, Forward, GroupSlice, RecordBuffer, Routing, decode_by_group
@@ -36,6 +37,8 @@ class GroupBatch:
     now_ms: int  # the wall clock the batch was decided at (recorded in its commit, so replay decides the same)
     cleanup: "Cleanup | None" = None  # deferred spill: the generations this batch cleaned up
     read_back: bool = False  # probe spill: the group's window was pushed and read back for this batch
+    marks: dict[int, Block] = field(default_factory=dict)  # outer/semi/anti: rows first matched (BatchOutcome)
+    unmatched: int = 0  # outer/anti: null-padded rows of rows proven unmatched
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,24 @@ def join_plan(job: JobSettings) -> JoinPlan:
         StreamPlan(s.name, job.topic_of(s), s.window.range_ms, s.window.rows, tuple(s.fields), tuple(s.key_fields))
         for s in job.streams
     )
-    return JoinPlan(streams, job.join.allowed_lateness_ms, exact_keys=keys_are_exact(job.streams[0]))
+    return JoinPlan(streams, job.join.allowed_lateness_ms, exact_keys=keys_are_exact(job.streams[0]),
+                    join_type=job.join.type)
+
+
+def unmatched_delays_ms(job: JobSettings, results: Block) -> np.ndarray:
+    """Per null-padded row of an unmatched row (outer and anti joins, time windows): its
+    emission time minus its deadline, the row's event time + window + allowed lateness."""
+    if job.join.type in ("inner", "semi"):
+        return np.empty(0, np.int64)
+    delays = []
+    for i in job.decided_streams:
+        window = job.streams[i].window.range_ms
+        other = job.streams[1 - i].name
+        if window is not None and len(results):
+            alone = results[f"{other}.partition"] == ABSENT
+            deadline = results[EVENT_TIME][alone] + window + job.join.allowed_lateness_ms
+            delays.append(results[PRODUCED_MS][alone] - deadline)
+    return np.concatenate(delays) if delays else np.empty(0, np.int64)
 
 
 def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: dict[int, RecordBuffer],
@@ -116,7 +136,7 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
     })
     return GroupBatch(group, seq, results, dead, [f for sl in slices.values() for f in sl.forwards], end,
                       state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()),
-                      now_ms, cleanup[1] if cleanup else None)
+                      now_ms, cleanup[1] if cleanup else None, marks=outcome.marks, unmatched=outcome.unmatched)
 
 
 def clean_up(plan: JoinPlan, store: WindowedStore, state: GroupState, group: int, accepted: list[Block],

@@ -99,7 +99,7 @@ def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: Win
             "results_next": max(results_end, batch.state.checkpoint.results_next),
             "commits_next": commit_offset + 1})
         tx = store.store.transaction()
-        store.stage(tx, group, batch.state, batch.appended)
+        store.stage(tx, group, batch.state, batch.appended, batch.marks)
         emitter.rewrite(missing, batch, consumer, _offsets(commit.end), tx)
         tx.commit()
         written = emitter.deliveries.newest.get((job.results_topic, group))

@@ -8,6 +8,13 @@ expires within a run: a step's probes see every tuple written before it. The
 key domain is chosen for the whole staircase so that output is about as
 large as input (`domain_for`), and the report states what it came to.
 
+Beside it, a left join (join.type left) on the same workload: its throughput
+beside the inner join's on the same topics, the delay of unmatched rows past
+their deadline, and Spark's left outer join as the peer (bench/left_join.py).
+Rows are decided only once the window has passed them, so that run has its
+own window: the full run's 60 s (at 2000 tuples/s per stream for 90 s), the
+quick run's own 10 s (500 tuples/s for 16 s).
+
 `--quick` is the same harness, small enough for CI: one worker, two steps of
 6 s, a 10 s window (so it expires inside the run), 12 partitions (Spark
 `verify` reads every partition of four topics, one task each), one
@@ -23,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from streamjoin.bench import ours, report
+from streamjoin.bench import left_join, ours, report
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.inputs import ARRIVAL, export_inputs
 from streamjoin.bench.peers import kafka_consume, pyflink_peer, reference, spark_peer
@@ -41,13 +48,16 @@ class Plan:
     consume_repeats: int  # kafka_consume reads (seconds each): the median is reported
     reference_repeats: int  # reference joins (half a minute each on the full input)
     spark_files_per_trigger: int  # backlog micro-batch: this many batch intervals of event time per stream
+    left: left_join.LeftPlan  # the left-join figure's run
 
 
 FULL = Plan(window_ms=600_000, partitions=60, workers=(1, 2),
             steps=tuple(ours.Step(r, 20) for r in (500, 1000, 2000, 4000, 8000)),
-            consume_repeats=3, reference_repeats=1, spark_files_per_trigger=150)
+            consume_repeats=3, reference_repeats=1, spark_files_per_trigger=150,
+            left=left_join.LeftPlan(window_ms=60_000, rate=2000, seconds=90, spark_files_per_trigger=150))
 QUICK = Plan(window_ms=10_000, partitions=12, workers=(1,), steps=(ours.Step(500, 6), ours.Step(1000, 6)),
-             consume_repeats=1, reference_repeats=1, spark_files_per_trigger=25)
+             consume_repeats=1, reference_repeats=1, spark_files_per_trigger=25,
+             left=left_join.LeftPlan(window_ms=10_000, rate=500, seconds=16, spark_files_per_trigger=25))
 
 
 def domain_for(steps: Sequence[ours.Step], window_ms: int, skew: float, streams: int = 2) -> int:
@@ -74,11 +84,22 @@ def base_job(plan: Plan) -> JobSettings:
     """seed000.yaml (and STREAMJOIN_* overrides) with the plan's window and domain."""
     from streamjoin.cli import default_job_file
 
-    job = load(default_job_file())
-    streams = [s.model_copy(update={"window": WindowSpec(range_ms=plan.window_ms)}) for s in job.streams]
-    domain = domain_for(plan.steps, plan.window_ms, job.workload.skew, len(streams))
-    return job.model_copy(update={"streams": streams, "partitions": plan.partitions,
-                                  "workload": job.workload.model_copy(update={"domain": domain})})
+    job = with_window(load(default_job_file()), plan.window_ms, plan.steps)
+    return job.model_copy(update={"partitions": plan.partitions})
+
+
+def with_window(job: JobSettings, window_ms: int, steps: Sequence[ours.Step]) -> JobSettings:
+    """`job` with every stream's window `window_ms` and the key domain `domain_for` the `steps`."""
+    streams = [s.model_copy(update={"window": WindowSpec(range_ms=window_ms)}) for s in job.streams]
+    domain = domain_for(steps, window_ms, job.workload.skew, len(streams))
+    return job.model_copy(update={"streams": streams, "workload": job.workload.model_copy(update={"domain": domain})})
+
+
+def left_job(job: JobSettings, plan: left_join.LeftPlan, env: BenchEnv) -> JobSettings:
+    """The left-join run's job: `job` as a left join with the run's window and domain, renamed."""
+    left = with_window(job, plan.window_ms, [ours.Step(plan.rate, plan.seconds)])
+    left = left.model_copy(update={"join": left.join.model_copy(update={"type": "left"})})
+    return ours.fleet_job(left, env, "equijoin-left", 1)
 
 
 def parameters(job: JobSettings, plan: Plan, quick: bool) -> dict:
@@ -116,7 +137,8 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     with env.phase("our backlog replay with 1 worker writing Arrow blocks (what JSON output costs)"):
         blocks = ours.run_replay(env, common, 1, output_format="blocks")
     peers = run_peers(env, common, sweeps[common_k], plan)
-    result = assemble(job, plan, quick, sweeps, replays, blocks, common_k, peers)
+    left = left_join.run(env, left_job(job, plan.left, env), plan.left, THRESHOLD_S * 1000)
+    result = assemble(job, plan, quick, sweeps, replays, blocks, common_k, peers, left)
     if plot_path is not None:
         plot(result, plot_path)
         result["plot"] = str(plot_path)
@@ -171,13 +193,14 @@ def spark_figures(env: BenchEnv, common: JobSettings, tables: dict, sweep: dict,
 
 
 def assemble(job: JobSettings, plan: Plan, quick: bool, sweeps: dict, replays: dict, blocks: dict, common_k: int,
-             peers: dict) -> dict:
-    """The report: our figures, the peers', their ratios; `blocks` is the 1-worker replay writing Arrow blocks."""
+             peers: dict, left: dict) -> dict:
+    """The report: our figures, the peers', their ratios; `blocks` is the 1-worker replay writing Arrow
+    blocks, `left` the left-join figure (left_join.run), whose ratios join the others as left_join_*."""
     capacity = {str(k): report.capacity(s["steps"]) for k, s in sweeps.items()}
     reading = {str(k): report.capacity_reading(s["steps"]) for k, s in sweeps.items()}
     throughput = {str(k): r["tuples_per_s"] for k, r in replays.items()}
     exact = (all(s["verify"]["verified"] for s in sweeps.values())
-             and all(r["identical_to_verified_run"] for r in [*replays.values(), blocks]))
+             and all(r["identical_to_verified_run"] for r in [*replays.values(), blocks]) and left["exact"])
     ours_figures = {
         "capacity_per_stream": capacity,
         "capacity_reading": reading,
@@ -188,10 +211,11 @@ def assemble(job: JobSettings, plan: Plan, quick: bool, sweeps: dict, replays: d
         "common_input": f"the {common_k}-worker sweep's input topics",
     }
     return {"workload": "equijoin", "exact": exact, "parameters": parameters(job, plan, quick),
-            "ours": ours_figures, "peers": peers,
+            "ours": ours_figures, "peers": peers, "left_join": left,
             "ratios": ratios(capacity, throughput, peers) | {"json_vs_blocks_1w": report.ratio(
                 replays[1]["tuples_per_s"] if 1 in replays else None, blocks["tuples_per_s"],
-                f"backlog throughput, results as {job.output.format} records vs Arrow blocks", "tuples/s")}}
+                f"backlog throughput, results as {job.output.format} records vs Arrow blocks", "tuples/s")}
+            | {f"left_join_{k}": r for k, r in left_join.ratios(left).items()}}
 
 
 def ratios(capacity: dict, throughput: dict, peers: dict) -> dict:

@@ -17,7 +17,9 @@ for runs that only need counts, means and shares under a bucket edge.
 Replay. A second job reads the same input topics from offset 0 with a fresh
 fleet: a backlog, so the committed offsets climb as fast as the workers can
 join. Its output must equal the verified run's output id for id (same input
-topics, so the same result ids).
+topics, so the same result ids). `replay` is the same drain with another join
+type on the input (its caller checks the output, e.g. an inner replay of a
+left join's input against that output less its rows alone).
 """
 
 from __future__ import annotations
@@ -219,26 +221,35 @@ def run_replay(env: BenchEnv, source: JobSettings, workers: int, output_format: 
     """Sustained throughput: a fresh fleet drains `source`'s whole input as a backlog, writing
     results in `output_format` (default: the job's); its output must be `source`'s verified
     output, id for id."""
+    figures, ids = replay(env, source, workers, output_format)
+    return {**figures, "identical_to_verified_run": bool(np.array_equal(ids, result_ids(env.cluster, source)))}
+
+
+def replay(env: BenchEnv, source: JobSettings, workers: int, output_format: str | None = None,
+           join_type: str | None = None) -> tuple[dict, np.ndarray]:
+    """A fresh fleet of `workers` drains `source`'s whole input as a backlog, writing results in
+    `output_format` and joining `join_type` (defaults: the job's); its figures (sustained
+    tuples/s) and its result ids (result_ids), for the caller to check."""
     fmt = output_format or source.output.format
-    replay = fleet_job(source, env, f"{source.job}-replay{workers}-{fmt}", workers).model_copy(update={
+    suffix = f"-{join_type}" if join_type else ""
+    replay_job = fleet_job(source, env, f"{source.job}-replay{workers}-{fmt}{suffix}", workers).model_copy(update={
         "streams": [s.model_copy(update={"topic": source.topic_of(s)}) for s in source.streams],
-        "output": source.output.model_copy(update={"format": fmt})})
+        "output": source.output.model_copy(update={"format": fmt}),
+        "join": source.join.model_copy(update={"type": join_type or source.join.type})})
     samples: list[tuple[float, float]] = []
     began = time.monotonic()
     # Sampling starts with the processes: the 10%-90% cut then leaves start-up out, however short the backlog.
-    fleet, _ = start_fleet(env, replay, workers, wait=False)
-    wait_drained(replay, env.bootstrap, fleet, timeout=3600,
+    fleet, _ = start_fleet(env, replay_job, workers, wait=False)
+    wait_drained(replay_job, env.bootstrap, fleet, timeout=3600,
                  on_progress=lambda done, total: samples.append((time.monotonic() - began, done)))
     fleet.assert_running()
     restarts = fleet.restarts
     fleet.stop_all()
-    ours = result_ids(env.cluster, replay)
-    theirs = result_ids(env.cluster, source)
+    ids = result_ids(env.cluster, replay_job)
     total = samples[-1][1] if samples else 0
-    return {"job": replay.job, "workers": workers, "output_format": fmt, "inputs": int(total),
-            "wall_seconds": round(samples[-1][0], 2) if samples else None,
-            "tuples_per_s": sustained_rate(samples), "restarts": restarts,
-            "results": int(len(ours)), "identical_to_verified_run": bool(np.array_equal(ours, theirs))}
+    return {"job": replay_job.job, "workers": workers, "output_format": fmt, "join_type": replay_job.join.type,
+            "inputs": int(total), "wall_seconds": round(samples[-1][0], 2) if samples else None,
+            "tuples_per_s": sustained_rate(samples), "restarts": restarts, "results": int(len(ids))}, ids
 
 
 # ---------------------------------------------------------------- reading the topics back

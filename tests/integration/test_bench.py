@@ -1,6 +1,7 @@
 """`streamjoin bench equijoin --quick`, as a user runs it: the harness end to
-end (our sweep and replay, Spark verify, every peer, ratios, JSON, plot), so
-it cannot rot. Behaviour only: the figures themselves are for the README."""
+end (our sweep and replay, Spark verify, every peer, the left-join figure
+beside Spark's left outer join, ratios, JSON, plot), so it cannot rot.
+Behaviour only: the figures themselves are for the README."""
 
 from __future__ import annotations
 
@@ -40,7 +41,24 @@ def test_bench_equijoin_quick_reports_exact_figures_peers_and_ratios(tmp_path: P
     assert peers["reference"]["exact"] is True
     assert peers["pyflink"]["ran"] is False and "STREAMJOIN_PYFLINK_PYTHON" in peers["pyflink"]["why"]
 
+    left = data["left_join"]
+    assert left["exact"] is True
+    live = left["ours"]["live"]["verify"]
+    assert live["verified"] is True and live["join_type"] == "left"
+    assert left["ours"]["unmatched"] == live["unmatched"] > 0  # null-padded rows were emitted and checked
+    assert all(math.isfinite(left["ours"]["unmatched_delay_ms"][q]) for q in ("p50", "p99"))
+    replays = left["ours"]["replays"]
+    assert replays["left"]["identical_to_verified_run"] is True
+    assert replays["inner"]["left_output_less_unmatched"] is True
+    assert replays["left"]["inputs"] == replays["inner"]["inputs"] == live["inputs"]["total"]
+    assert all(tps > 0 for tps in left["ours"]["throughput_tuples_per_s"].values())
+    spark_left = left["peers"]["spark"]
+    assert spark_left["exact_matches"] is True and spark_left["tuples_per_s"] > 0
+    assert spark_left["unmatched_delay"]["count"] > 0
+
     ratios = data["ratios"]
+    assert ratios["left_join_left_vs_spark_left"]["peer"] == spark_left["tuples_per_s"]
+    assert ratios["left_join_left_vs_inner"]["ours"] == left["ours"]["throughput_tuples_per_s"]["left"]
     consume = ratios["throughput_1w_vs_kafka_consume"]
     assert consume["ours"] == data["ours"]["throughput_tuples_per_s"]["1"]
     assert consume["peer"] == peers["kafka_consume"]["tuples_per_s"]

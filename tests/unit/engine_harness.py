@@ -10,7 +10,7 @@ import numpy as np
 
 from streamjoin.engine.block import system_block
 from streamjoin.engine.reference import RefTuple, RefWindow, TupleRef
-from streamjoin.engine.window_join import JoinPlan, StreamPlan, empty_window, process_batch
+from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, empty_window, process_batch
 
 
 @dataclass(frozen=True)
@@ -21,11 +21,11 @@ class Arrival:
     offset: int
 
 
-def plan_for(windows: list[RefWindow], lateness: int) -> JoinPlan:
+def plan_for(windows: list[RefWindow], lateness: int, join_type: str = "inner") -> JoinPlan:
     streams = tuple(
         StreamPlan(f"s{i}", f"t{i}", w.range_ms, w.rows, ("v",), ("k",)) for i, w in enumerate(windows)
     )
-    return JoinPlan(streams, lateness, exact_keys=True)
+    return JoinPlan(streams, lateness, exact_keys=True, join_type=join_type)
 
 
 def _block(arrivals: list[Arrival]):
@@ -35,17 +35,22 @@ def _block(arrivals: list[Arrival]):
     return system_block(key, ts, np.zeros(len(arrivals)), off, ts, {"v": off * 10})
 
 
-def run(windows: list[RefWindow], lateness: int, arrivals: list[Arrival], cuts: list[int]):
-    plan = plan_for(windows, lateness)
+def run(windows: list[RefWindow], lateness: int, arrivals: list[Arrival], cuts: list[int], join_type: str = "inner",
+        flush_to: int | None = None):
+    """Feed `arrivals` cut at `cuts`; `flush_to`: then one batch without tuples whose watermark
+    floor is this (as an idle timeout moves it), so rows still open get decided."""
+    plan = plan_for(windows, lateness, join_type)
     m = len(windows)
     window = empty_window(plan, [_block([]) for _ in range(m)])
     emitted: list[tuple[TupleRef, ...]] = []
     late: set[TupleRef] = set()
     bounds = sorted({0, len(arrivals), *[c for c in cuts if 0 < c < len(arrivals)]})
-    for a, b in zip(bounds, bounds[1:]):
-        batch = arrivals[a:b]
+    steps = [(arrivals[a:b], NO_TIME) for a, b in zip(bounds, bounds[1:])]
+    if flush_to is not None:
+        steps.append(([], flush_to))
+    for batch, floor in steps:
         deltas = [_block([x for x in batch if x.stream == i]) for i in range(m)]
-        out = process_batch(plan, window, deltas, now_ms=0)
+        out = process_batch(plan, window, deltas, now_ms=0, floor=floor)
         res = out.results
         cols = [(res[f"s{i}.partition"], res[f"s{i}.offset"]) for i in range(m)]
         for r in range(len(res)):

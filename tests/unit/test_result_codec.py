@@ -458,6 +458,16 @@ def test_results_schema_is_valid_avro_with_the_specs_names() -> None:
                             "fields": [{"name": "ts", "type": "long"}, {"name": "y", "type": "double"}]}
 
 
+def test_members_are_required_unless_the_join_type_lets_a_result_lack_them() -> None:
+    """Inner jobs, and layouts built by hand (the query router's), have no optional stream: their
+    records keep plain ref and fields records (the outer join types: test_result_codec_outer.py)."""
+    layout = result_layout(load(default_job_file()))
+    assert [s.optional for s in layout.streams] == [False, False]
+    assert result_codec.StreamLayout("r", "t.r", False, (("ts", "int"),), "ts", ()).optional is False
+    members = [*results_avro_schema(layout)["fields"][3]["type"]["fields"], *results_avro_schema(layout)["fields"][4:]]
+    assert all(isinstance(f["type"], dict) for f in members)
+
+
 def test_docs_schema_file_is_up_to_date() -> None:
     result = CliRunner().invoke(app, ["schema", "results", "--job", str(default_job_file())])
     assert result.exit_code == 0, result.output

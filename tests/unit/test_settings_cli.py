@@ -183,3 +183,31 @@ def test_rebalance_of_a_ring_job_exits_2() -> None:
     result = runner.invoke(app, ["rebalance", "--dry-run", "--job", "streamjoin/jobs/band3.yaml",
                                  "--bootstrap", "127.0.0.1:1"])
     assert result.exit_code == 2 and "join.mode: hash" in result.output
+
+
+def _third_stream(data: dict) -> None:
+    data["streams"].append(dict(data["streams"][0], name="u", topic=None))
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d.setdefault("join", {}).update(type="left", mode="splitjoin"), "join.type left needs join.mode hash"),
+    (lambda d: (d.setdefault("join", {}).update(type="anti"), _third_stream(d)), "join.type anti joins two streams"),
+    (lambda d: (d.setdefault("join", {}).update(type="full"),
+                d.setdefault("worker", {}).setdefault("spill", {}).update(mode="deferred")),
+     "join.type full needs worker.spill.mode probe"),
+    (lambda d: d.setdefault("join", {}).update(type="outer"), "join.type"),
+])
+def test_join_types_hash_mode_cannot_decide_exit_2_saying_why(tmp_path: Path, mutate, words: str) -> None:
+    result = runner.invoke(app, ["worker", "--worker-id", "w0", "--job", str(_job(tmp_path, mutate)),
+                                 "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert words in result.output
+
+
+def test_ring_job_refuses_outer_join_naming_why(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["worker", "--worker-id", "w0", "--job",
+                                 str(_ring_job(tmp_path, join={"type": "left", "mode": "ring"})),
+                                 "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert "join.type left needs join.mode hash" in result.output and "cannot be proven exactly" in result.output
+

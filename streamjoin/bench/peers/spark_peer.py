@@ -9,7 +9,9 @@ Semantics. Each stream gets an event-time column and a watermark of
 AND, for every ordered pair of streams (i, j), t_j < t_i + W_i. Since
 T = max t, that is exactly our window rule T - t_i < W_i for every i, and
 Spark's inner joins emit matches eagerly, as ours do; the watermark only
-bounds state. The output keeps every column of every input (ours carries
+bounds state (and, for the left outer join of bench/left_join.py, decides
+when a row with no partner comes out null-padded: once the watermark passes
+t + W, as ours). The output keeps every column of every input (ours carries
 the payload into its results too) and is collected into the driver as Arrow
 by `foreachBatch`.
 
@@ -135,7 +137,10 @@ class Sink:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         out = batch.toArrow()  # every column: the whole output reaches the driver
-        held_ms = time.time() * 1000
+        self.take(out, time.time() * 1000)
+
+    def take(self, out: pa.Table, held_ms: float) -> None:
+        """Count one batch's output `out`, which the driver holds since `held_ms`."""
         if out.num_rows == 0:
             return
         newest = np.max([out.column(f"{n}_{RELEASED}").to_numpy() for n in self.names], axis=0)
@@ -164,7 +169,10 @@ def _stream(spark: SparkSession, path: Path, schema: pa.Schema, name: str, time_
 
 
 def start_join(spark: SparkSession, job: JobSettings, dirs: dict[str, Path], schemas: dict[str, pa.Schema],
-               predicate: Predicate, sink: Sink, checkpoint: Path, files_per_trigger: int | None) -> StreamingQuery:
+               predicate: Predicate, sink: Sink, checkpoint: Path, files_per_trigger: int | None,
+               how: str = "inner") -> StreamingQuery:
+    """The streaming join of the files under `dirs`, each batch into `sink`; `how`: Spark's join
+    type (inner, or left_outer: a time-interval outer join, which the watermarks make possible)."""
     names = [s.name for s in job.streams]
     frames = [_stream(spark, dirs[s.name], schemas[s.name], s.name, s.time_field, job.join.allowed_lateness_ms,
                       files_per_trigger) for s in job.streams]
@@ -175,7 +183,7 @@ def start_join(spark: SparkSession, job: JobSettings, dirs: dict[str, Path], sch
     for j in range(1, len(frames)):
         # Each join gets the conditions among the streams it brings together, so Spark can expire its state.
         cond = predicate(names[:j + 1]) & window_condition(names[:j + 1], windows[:j + 1])
-        joined = joined.join(frames[j], cond)
+        joined = joined.join(frames[j], cond, how)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
     return joined.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start()
 
@@ -211,17 +219,19 @@ class Progress:
 
 
 def run_backlog(spark: SparkSession, job: JobSettings, slices: dict[str, Slices], predicate: Predicate,
-                workdir: Path, files_per_trigger: int, timeout: float = 3600) -> dict:
-    """Everything written first, then the query drains it: sustained tuples/s and the result count."""
+                workdir: Path, files_per_trigger: int, timeout: float = 3600, how: str = "inner",
+                sink: Sink | None = None) -> dict:
+    """Everything written first, then the query drains it: sustained tuples/s and the result count
+    (`sink`'s; default: a Sink of every row). `how`: Spark's join type (start_join)."""
     dirs = {n: workdir / "backlog" / n for n in slices}
     for name, s in slices.items():
         dirs[name].mkdir(parents=True)
         for i in range(len(s)):
             write_file(dirs[name], f"{i:08d}.parquet", s.rows(i), mtime_ms=int(s.starts_ms[i]))
     total = sum(s.table.num_rows for s in slices.values())
-    sink = Sink([s.name for s in job.streams])
+    sink = sink or Sink([s.name for s in job.streams])
     query = start_join(spark, job, dirs, {n: s.table.schema for n, s in slices.items()}, predicate, sink,
-                       workdir / "backlog-checkpoint", files_per_trigger)
+                       workdir / "backlog-checkpoint", files_per_trigger, how)
     try:
         progress = Progress(query)
         drained = progress.wait_for(total, timeout)
@@ -235,15 +245,17 @@ def run_backlog(spark: SparkSession, job: JobSettings, slices: dict[str, Slices]
 
 
 def run_paced(spark: SparkSession, job: JobSettings, slices: dict[str, Slices], steps: Sequence[dict],
-              predicate: Predicate, workdir: Path, threshold_ms: float, catch_up_s: float = 60) -> list[dict]:
-    """Our sweep's steps replayed at their arrival pace; per step exact delay statistics.
-    Stops after a step Spark has not caught up with `catch_up_s` after its last file."""
+              predicate: Predicate, workdir: Path, threshold_ms: float, catch_up_s: float = 60, how: str = "inner",
+              sink: Sink | None = None) -> list[dict]:
+    """Our sweep's steps replayed at their arrival pace; per step exact delay statistics of the
+    rows `sink` times (default: a Sink of every row). Stops after a step Spark has not caught up
+    with `catch_up_s` after its last file. `how`: Spark's join type (start_join)."""
     dirs = {n: workdir / "paced" / n for n in slices}
     for d in dirs.values():
         d.mkdir(parents=True)
-    sink = Sink([s.name for s in job.streams])
+    sink = sink or Sink([s.name for s in job.streams])
     schemas = {n: s.table.schema for n, s in slices.items()}
-    query = start_join(spark, job, dirs, schemas, predicate, sink, workdir / "paced-checkpoint", None)
+    query = start_join(spark, job, dirs, schemas, predicate, sink, workdir / "paced-checkpoint", None, how)
     out: list[dict] = []
     try:
         progress = Progress(query)
