@@ -100,6 +100,9 @@ class WindowedStore:
         # a window changes only in a batch, so the size its last batch left is still its size.
         self._sizes: dict[int, int] = {}
         self.activity: dict[int, GroupActivity] = {}  # seed 003's per-group statistics (T_u, P_o)
+        # Outer/semi/anti joins: a pushed group's next deadline (GroupWindow.next_deadline) as it
+        # left memory, so an all-idle group on disk is still woken when a row of it is due.
+        self._deadlines: dict[int, int] = {}
         self.pushes = 0
 
     @property
@@ -111,6 +114,7 @@ class WindowedStore:
         state = self._hot.pop(group, None)
         if state is None:
             state = self._restore(group)
+            self._deadlines.pop(group, None)
             self._sizes[group] = state.window.nbytes
         self._hot[group] = state  # most recently used last
         return state
@@ -304,7 +308,9 @@ class WindowedStore:
                 self._hot[group].push_pending = True
                 self._sizes[group] = 0  # its memory is free; its generation is on disk
             else:
-                del self._hot[group]
+                deadline = self._hot.pop(group).window.next_deadline(self.plan)
+                if deadline is not None:
+                    self._deadlines[group] = deadline
         self.pushes += len(pushed)
         return pushed
 
@@ -323,8 +329,15 @@ class WindowedStore:
         """P_o of each of `groups` with statistics: results produced since this worker took it."""
         return {g: self.activity[g].results for g in sorted(groups) if g in self.activity}
 
+    def next_deadline(self, group: int) -> int | None:
+        """The lowest watermark at which one of `group`'s open rows would be decided (outer,
+        semi and anti joins; None: none known): read from memory, or as the group left it."""
+        state = self._hot.get(group)
+        return state.window.next_deadline(self.plan) if state is not None else self._deadlines.get(group)
+
     def forget(self, group: int) -> None:
         self._hot.pop(group, None)
+        self._deadlines.pop(group, None)
         self._sizes.pop(group, None)
         self.activity.pop(group, None)
 

@@ -327,14 +327,14 @@ class Worker:
         silent has no stream time left to move its watermark, so the wall clock does (now -
         idle_timeout_ms - allowed_lateness: a record that old arriving later is late, the trade
         idle_timeout_ms makes), else its unmatched rows would wait for the next record. Only
-        groups in memory with a row whose deadline that passes get a batch (group -> floor)."""
+        groups with a row whose deadline that passes get a batch (group -> floor); a group pushed
+        to disk is judged by the deadline it left memory with."""
         if self.job.join.type == "inner" or not idle:
             return {}
         floor = now_ms - (self.job.join.idle_timeout_ms or 0) - self.job.join.allowed_lateness_ms
         everything = len(self.job.streams)
-        hot = self.store.hot_groups()
-        due = [g for g, streams in idle.items() if len(streams) == everything and g in hot and g in self.groups
-               and (deadline := hot[g].window.next_deadline(self.plan)) is not None and deadline <= floor]
+        due = [g for g, streams in idle.items() if len(streams) == everything and g in self.groups
+               and (deadline := self.store.next_deadline(g)) is not None and deadline <= floor]
         return {g: floor for g in due}
 
     def _reconcile_offsets(self) -> None:

@@ -136,8 +136,8 @@ def test_a_group_rebuilt_from_its_changelog_keeps_its_matches(tmp_path: Path, jo
 def test_an_all_idle_group_is_woken_by_the_wall_clock_once_a_row_is_due(tmp_path: Path) -> None:
     """join.idle_timeout_ms, every stream of a group silent: the worker gives the group a batch
     with the floor now - idle_timeout_ms - lateness once its oldest open row's deadline is
-    behind it (not before: a batch per idle group per cycle would cost for nothing), and that
-    batch emits the row null-padded."""
+    behind it (not before: a batch per idle group per cycle would cost for nothing), also when
+    the group was pushed to disk, and that batch emits the row null-padded."""
     job = _job(tmp_path, "left", rows=False, idle_timeout_ms=1000)
     plan = join_plan(job)
     store = WindowedStore(Store(tmp_path / "db2"), plan, stream_templates(job), 1 << 30)
@@ -145,7 +145,13 @@ def test_an_all_idle_group_is_woken_by_the_wall_clock_once_a_row_is_due(tmp_path
     buffers = {0: RecordBuffer(), 1: RecordBuffer()}
     buffers[0].add(LocalRecord(job.topic_of(job.streams[0]), GROUP, 0, str(KEYS[0]).encode(),
                                json.dumps({"k": KEYS[0], "ts": 1000}).encode(), 1000), GROUP)  # type: ignore[arg-type]
-    run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=0)
+    (first,) = run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=0)
+    tx = store.store.transaction()
+    store.stage(tx, GROUP, first.state, first.appended, first.marks)
+    tx.commit()
+    # Probe spill pushes the idle group to disk (an idle group is the least recently used): it
+    # must still be woken, by the deadline it left memory with, and read back for its batch.
+    assert store.push(1, now_ms=0) and GROUP not in store.hot_groups()
     both_idle = {GROUP: frozenset({0, 1})}
     deadline_wall = 1000 + 60 + 1000 + 5  # ts + W, seen through now - idle_timeout_ms - lateness
     assert Worker._wall_clock_floors(worker, both_idle, deadline_wall - 1) == {}
