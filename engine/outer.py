@@ -27,9 +27,16 @@ import numpy as np
 from streamjoin.engine.block import ARR, OFF, PART, TS, Block
 from streamjoin.engine.result_ids import ABSENT, result_head
 
-JOIN_TYPES = ("inner", "left", "right", "full", "semi", "anti")
+# Per join type (settings: join.type), the streams whose rows the join emits alone.
 DECIDED = {"inner": (), "left": (0,), "semi": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}
 NEWEST_ARRIVAL = "newest_arrival_ms"  # internal result column (delay metrics), never written
+
+
+def optional_streams(join_type: str, streams: int) -> tuple[bool, ...]:
+    """Per stream of a `streams`-way join of `join_type`, whether a result may lack it (its
+    ref and fields are null): every stream other than a decided one, which appears alone."""
+    decided = DECIDED[join_type]
+    return tuple(any(d != i for d in decided) for i in range(streams))
 
 
 def ref_keys(partitions: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -45,14 +52,11 @@ class MatchedRefs:
     """The refs of one stream's rows that some result has held, with their event times.
 
     Sorted by ref bytes for binary search. Rows that expire stay in the set until more than
-    half of it is stale, then it is compacted once (`compact`), so a batch costs what it brings."""
+    half of it is stale, then it is compacted once (in `expired`), so a batch costs what it brings."""
 
     keys: np.ndarray = field(default_factory=lambda: np.empty(0, "V16"))
     ts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     stale: int = 0  # members that have expired (counted when they do)
-
-    def __len__(self) -> int:
-        return len(self.keys)
 
     @property
     def live(self) -> int:

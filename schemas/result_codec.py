@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from streamjoin.engine.block import Block
+from streamjoin.engine.outer import optional_streams
 from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO,
                                           parse_result_id_hex, result_id_hex)
 from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
@@ -102,7 +103,7 @@ def result_layout(job: JobSettings) -> ResultLayout:
     return ResultLayout(job.job, job.join.mode, tuple(
         StreamLayout(s.name, job.topic_of(s), s.format == "blocks", tuple(job.result_fields(s).items()), s.time_field,
                      tuple(s.key_fields), optional)
-        for s, optional in zip(job.streams, job.optional_streams)))
+        for s, optional in zip(job.streams, optional_streams(job.join.type, len(job.streams)))))
 
 
 def result_columns(layout: ResultLayout) -> dict[str, FieldType]:

@@ -824,19 +824,6 @@ class JobSettings(BaseModel):
         return f"streamjoin-{self.job}"
 
     @property
-    def decided_streams(self) -> tuple[int, ...]:
-        """The streams whose rows the join decides (emits alone, null-padded): left, semi and
-        anti the first, right the second, full both, inner none."""
-        return {"inner": (), "left": (0,), "semi": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}[self.join.type]
-
-    @property
-    def optional_streams(self) -> tuple[bool, ...]:
-        """Per stream, whether a result may lack it (its ref and fields are null): the streams
-        other than a decided one's, which appear alone."""
-        decided = self.decided_streams
-        return tuple(any(d != i for d in decided) for i in range(len(self.streams)))
-
-    @property
     def emits_on_watermark(self) -> bool:
         """Count windows are final only once the watermark passes a result's time."""
         return any(s.window.is_rows for s in self.streams)

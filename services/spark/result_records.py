@@ -19,7 +19,7 @@ Per format:
 Then one vectorised id check per Arrow batch, whatever the format.
 
 Absent members (outer, semi and anti joins): a result may lack the member of
-an optional stream (`JobSettings.optional_streams`); its record has null for
+an optional stream (`engine.outer.optional_streams`); its record has null for
 both its ref and its fields object (json, avro) or partition and offset -1
 (blocks). Its row has `<s>.partition` and `<s>.offset` ABSENT (-1), and the id
 check hashes (-1, -1) under the stream's own topic, as the engine does. A null
@@ -44,6 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
+from streamjoin.engine.outer import optional_streams
 from streamjoin.engine.result_ids import ABSENT
 from streamjoin.schemas.codecs import BLOCK_SHIFT
 from streamjoin.schemas.results import EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, ref_columns
@@ -107,7 +108,7 @@ def json_result_schema(job: JobSettings) -> StructType:
     """The part of a JSON result record verify reads: the id, the times, the refs, and an optional
     stream's fields object as raw text (null for an absent member; other field values are not read)."""
     inputs = StructType([StructField(s.name, _ref_struct(s)) for s in job.streams])
-    fields = [StructField(s.name, StringType()) for s, optional in zip(job.streams, job.optional_streams) if optional]
+    fields = [StructField(s.name, StringType()) for s, optional in zip(job.streams, optional_streams(job.join.type, len(job.streams))) if optional]
     return StructType([StructField(RESULT_ID, StringType()), StructField(EVENT_TIME, LongType()),
                        StructField(PRODUCED_MS, LongType()), StructField(INPUTS, inputs), *fields])
 
@@ -146,7 +147,7 @@ def _json_results(values: DataFrame, job: JobSettings) -> DataFrame:
     parsed = values.select(j.alias("j"))
     refs, complete = [], [F.col("j")[c].isNotNull() for c in (RESULT_ID, EVENT_TIME, PRODUCED_MS)]
     lacking = F.lit(0)
-    for s, optional in zip(job.streams, job.optional_streams):
+    for s, optional in zip(job.streams, optional_streams(job.join.type, len(job.streams))):
         stated, ok, absent = _json_member(job, s, optional)
         refs += stated
         complete.append(ok)

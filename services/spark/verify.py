@@ -42,6 +42,7 @@ from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, In
                                StructField, StructType)
 
 from streamjoin.engine.predicates import UDF_ERROR, Term, compile_terms, evaluate_isolated, terms_between
+from streamjoin.engine.outer import DECIDED
 from streamjoin.engine.result_ids import ABSENT
 from streamjoin.schemas.codecs import BLOCK_SHIFT, arrow_schema
 from streamjoin.schemas.splitjoin import MARK_HEADER
@@ -653,7 +654,7 @@ def unmatched_delays(actual: DataFrame, decoded: Sequence[DataFrame], job: JobSe
     partition, offset, ts; `job`: a join whose decided streams all have time windows (a
     count-window row has no deadline in time)."""
     parts = []
-    for side in job.decided_streams:
+    for side in DECIDED[job.join.type]:
         window = job.streams[side].window.range_ms
         assert window is not None, f"stream {side} counts rows: its rows have no deadline in time"
         alone = actual.filter((F.col(_p(1 - side)) == ABSENT) & (F.col(_p(side)) != ABSENT))
@@ -675,7 +676,7 @@ def _unmatched_fields(job: JobSettings, expected: DataFrame, actual: DataFrame,
         return fields
     absent = reduce(lambda a, b: a | b, [F.col(_p(i)) == ABSENT for i in range(len(job.streams))])
     fields["unmatched"] = expected.filter(absent).count()
-    if all(job.streams[s].window.range_ms is not None for s in job.decided_streams):
+    if all(job.streams[s].window.range_ms is not None for s in DECIDED[job.join.type]):
         fields["unmatched_delay_ms"] = _percentiles(unmatched_delays(actual, decoded, job))
     return fields
 

@@ -13,6 +13,7 @@ import time
 
 from streamjoin.engine.block import OFF, PART, Block, concat
 from streamjoin.engine.cleanup import cleanup_results, generation_of
+from streamjoin.engine.outer import DECIDED
 from streamjoin.engine.result_ids import ABSENT, EVENT_TIME, PRODUCED_MS
 from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, process_batch
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block, keys_are_exact
@@ -66,7 +67,7 @@ def unmatched_delays_ms(job: JobSettings, results: Block) -> np.ndarray:
     if job.join.type in ("inner", "semi"):
         return np.empty(0, np.int64)
     delays = []
-    for i in job.decided_streams:
+    for i in DECIDED[job.join.type]:
         window = job.streams[i].window.range_ms
         other = job.streams[1 - i].name
         if window is not None and len(results):

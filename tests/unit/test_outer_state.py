@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from streamjoin.bench.local_records import LocalRecord
+from streamjoin.engine.outer import DECIDED
 from streamjoin.engine.result_ids import ABSENT
 from streamjoin.services.worker.intake import RecordBuffer, routing_for
 from streamjoin.services.worker.main import Worker, stream_templates
@@ -113,8 +114,8 @@ def test_restarts_emit_what_an_uninterrupted_run_does(tmp_path: Path, join_type:
         assert padded or join_type == "semi" and not straight  # the workload does decide rows
         # Time windows: every row is decided at the end, so no marks record is left over (a
         # count window's newest rows per key stay open: a partner may still come for them).
-        left_over = sum(len(list(store.store.scan(marks_prefix(GROUP, i)))) for i in job.decided_streams)
-        assert left_over == 0 or any(job.streams[i].window.is_rows for i in job.decided_streams)
+        left_over = sum(len(list(store.store.scan(marks_prefix(GROUP, i)))) for i in DECIDED[join_type])
+        assert left_over == 0 or any(job.streams[i].window.is_rows for i in DECIDED[join_type])
         store.store.close()
 
 
