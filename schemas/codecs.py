@@ -196,15 +196,46 @@ class _Unparsable(ValueError):
 
 
 def _parse_json(spec: StreamSpec, values: Sequence[bytes]) -> pa.Table:
-    """One row per value, or raises. Arrow's reader splits lines at CR as well as LF and reads
-    `{..} {..}` as two rows, so the row count is checked; it also lets invalid UTF-8 into string
-    columns, so the table is validated."""
+    """One row per value, or raises (see `_parse_lines`)."""
+    return _parse_lines(spec, b"\n".join(values), len(values))
+
+
+def _parse_lines(spec: StreamSpec, lines: bytes, count: int) -> pa.Table:
+    """One row per line of `lines` (`count` records joined by LF), or raises. Arrow's reader
+    splits lines at CR as well as LF and reads `{..} {..}` as two rows, so the row count is
+    checked; it also lets invalid UTF-8 into string columns, so the table is validated."""
     opts = pajson.ParseOptions(explicit_schema=arrow_schema(spec), unexpected_field_behavior="ignore")
-    table = pajson.read_json(io.BytesIO(b"\n".join(values)), parse_options=opts)
-    if table.num_rows != len(values):
-        raise _Unparsable(f"{table.num_rows} JSON values in {len(values)} records")
+    table = pajson.read_json(io.BytesIO(lines), parse_options=opts)
+    if table.num_rows != count:
+        raise _Unparsable(f"{table.num_rows} JSON values in {count} records")
     table.validate(full=True)
     return table
+
+
+def _one_line_objects(values: Sequence[bytes | None]) -> tuple[np.ndarray, bytes | None]:
+    """Which values Arrow's reader may be given: one line (it breaks lines at CR too) starting
+    with an object (it crashes the process, SIGSEGV seen with pyarrow 26.0.1, when its input
+    starts with `null`). Returns the mask and, when every value passes, the values joined by
+    LF (the reader's input, built once). Checked on the joined bytes as arrays: a line break
+    inside a value shows in the count, a value's first byte at its start; only values that do
+    not start with `{` right away (leading blanks, or empty) are looked at one by one."""
+    count = len(values)
+    if count == 0 or None in values:
+        return np.array([_one_line_object(v) for v in values], dtype=bool), None
+    joined = b"\n".join(values)  # type: ignore[arg-type]
+    if joined.count(b"\n") != count - 1 or b"\r" in joined:
+        return np.array([_one_line_object(v) for v in values], dtype=bool), None
+    lengths = np.fromiter(map(len, values), np.int64, count)  # type: ignore[arg-type]
+    starts = np.cumsum(lengths + 1) - lengths - 1
+    raw = np.frombuffer(joined, np.uint8)
+    good = (lengths > 0) & (raw[np.minimum(starts, max(len(raw) - 1, 0))] == ord("{")) if len(raw) else lengths > 0
+    for i in np.flatnonzero(~good).tolist():
+        good[i] = _one_line_object(values[i])
+    return good, joined if good.all() else None
+
+
+def _one_line_object(value: bytes | None) -> bool:
+    return value is not None and b"\n" not in value and b"\r" not in value and value.lstrip()[:1] == b"{"
 
 
 def _isolate(spec: StreamSpec, build: Callable[[np.ndarray], pa.Table], idx: np.ndarray,
@@ -233,10 +264,7 @@ def decode_json(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
 
     values: record values (None: a tombstone); part/off/arr: per record its partition,
     offset and arrival time. Never raises."""
-    # Arrow's reader takes a value only as one line (it breaks lines at CR too) starting with an
-    # object: it crashes the process (SIGSEGV, seen with pyarrow 26.0.1) when its input starts with `null`.
-    good = np.array([v is not None and b"\n" not in v and b"\r" not in v and v.lstrip()[:1] == b"{" for v in values],
-                    dtype=bool)
+    good, joined = _one_line_objects(values)
     rejects = [Reject(int(i), "malformed", _describe_unparsable(spec, values[i])) for i in np.flatnonzero(~good)]
 
     def build(rows: np.ndarray) -> pa.Table:
@@ -247,7 +275,10 @@ def decode_json(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
 
     idx = np.flatnonzero(good)
     try:
-        table = build(idx) if len(idx) else arrow_schema(spec).empty_table()
+        if joined is not None:  # every record passed: the lines joined for the check are Arrow's input
+            table = _parse_lines(spec, joined, len(values))
+        else:
+            table = build(idx) if len(idx) else arrow_schema(spec).empty_table()
     except (pa.ArrowException, _Unparsable):
         idx, table = _salvage(spec, values, idx, build, explain, rejects)
     idx, table = _drop_bad_rows(spec, table, idx, rejects)

@@ -21,6 +21,10 @@ def string_array(values: np.ndarray) -> pa.LargeStringArray:
     values = np.asarray(values)
     if values.dtype.kind == "O":
         return pa.array(values, pa.large_string())
+    if values.dtype.itemsize and len(values):
+        code_points = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), -1)
+        if code_points.max() < 0x80:  # ASCII, the common case: its UTF-8 is its code points as bytes
+            return _flat_units(pa.large_string(), code_points.astype(np.uint8))
     arr = pa.array(values, pa.large_string())
     # Arrow's NumPy 'U' conversion stops at a NUL; NumPy's own length does not: redo the few that differ.
     cut = np.strings.str_len(values) != pc.utf8_length(arr).to_numpy()
@@ -34,11 +38,18 @@ def binary_array(values: np.ndarray) -> pa.LargeBinaryArray:
 
     values: the column."""
     n, width = len(values), values.dtype.itemsize
-    raw = np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).reshape(n, width)
-    nonzero = raw != 0
+    return _flat_units(pa.large_binary(), np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).reshape(n, width))
+
+
+def _flat_units(arrow_type: pa.DataType, units: np.ndarray) -> pa.Array:
+    """Fixed-width values (one row of `units`, uint8, per value) as an Arrow array, each value
+    ending at its last non-NUL unit, as NumPy ends them (interior NULs kept)."""
+    width = units.shape[1]
+    if width == 0:
+        return from_flat(arrow_type, np.zeros(0, np.uint8), np.zeros(len(units), np.int64))
+    nonzero = units != 0
     lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
-    data = raw[np.arange(width) < lengths[:, None]]
-    return from_flat(pa.large_binary(), data, lengths)
+    return from_flat(arrow_type, units[np.arange(width) < lengths[:, None]], lengths)
 
 
 def from_flat(arrow_type: pa.DataType, data: np.ndarray, lengths: np.ndarray) -> pa.Array:

@@ -58,6 +58,14 @@ STATE_BYTES = Gauge("streamjoin_window_state_bytes", "Window state bytes per par
                     registry=REGISTRY)
 STATE_TUPLES = Gauge("streamjoin_window_state_tuples", "Window tuples per partition group", ["group"],
                      registry=REGISTRY)
+STATE_TUPLES_PEAK = Gauge("streamjoin_window_state_tuples_peak",
+                          "The most window tuples this worker has held in memory at once (all groups), since start",
+                          registry=REGISTRY)
+PAUSED_PARTITIONS = Gauge("streamjoin_intake_paused_partitions",
+                          "Input partitions paused because their stream reads too far ahead in event time "
+                          "(join.max_read_ahead_ms)", registry=REGISTRY)
+INTAKE_PAUSES = Counter("streamjoin_intake_pauses_total",
+                        "Input partitions paused by event-time aligned intake", registry=REGISTRY)
 HOT_BYTES = Gauge("streamjoin_hot_state_bytes", "Window bytes held in memory (the rest is in RocksDB only)",
                   registry=REGISTRY)
 HOT_LIMIT = Gauge("streamjoin_hot_state_limit_bytes", "worker.memory_bytes: the in-memory budget for windows",

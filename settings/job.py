@@ -164,6 +164,12 @@ class JoinSpec(_Strict):
         description="an input (ring: source partition; hash: a group's stream) with no record for this long stops "
                     "holding the watermark back, so the others make progress; a record arriving on it later behind "
                     "the watermark is dead-lettered as late. None or 0: off (wait for every input, exact)")
+    max_read_ahead_ms: int | None = Field(
+        default=10_000, ge=0,
+        description="hash mode: a group's stream whose newest event time is more than this ahead of its slowest "
+                    "stream that still has records to read is paused until that one catches up (event-time "
+                    "aligned intake, as Kafka Streams picks the partition with the lowest head), so a backlog "
+                    "drain keeps the window at its size instead of buffering one stream whole. None: off")
     predicate: list[PredicateTerm] = Field(
         default_factory=list, description="ring mode: ANDed terms (equality, band, UDF); hash mode joins on keys")
     udfs: dict[str, str] = Field(default_factory=dict, description="UDF name -> 'module:callable'")
@@ -343,8 +349,15 @@ class QueriesSpec(_Strict):
 
 
 class WorkerSpec(_Strict):
-    batch_ms: int = Field(default=200, gt=0, description="distribution epoch: poll/batch interval")
-    max_batch_records: int = Field(default=200_000, gt=0)
+    batch_ms: int = Field(default=200, gt=0, description="distribution epoch: the longest interval between "
+                                                         "batches (their transactions), reached under load")
+    min_batch_ms: int = Field(
+        default=10, gt=0,
+        description="the shortest interval between batches: the interval adapts between this and batch_ms, twice "
+                    "the last batch's own time, so light input gets small, quick batches (low delay) and a "
+                    "backlog large ones (fewer transactions per tuple)")
+    max_batch_records: int = Field(default=200_000, gt=0,
+                                   description="a batch starts as soon as this many records wait, whatever the interval")
     state_dir: Path = Path("./state")
     memory_bytes: int = Field(
         default=2 << 30, gt=0, validation_alias=AliasChoices("memory_bytes", "hot_bytes"),
@@ -366,6 +379,13 @@ class WorkerSpec(_Strict):
     metrics_port: int = Field(default=0, ge=0, description="0 = pick a free port")
     region: str = Field(default="local", description="the region this worker runs in (seed 002's network locality; "
                                                    "Helm sets it from the node's topology zone)")
+
+    @model_validator(mode="after")
+    def _check_batch_interval(self) -> "WorkerSpec":
+        if self.min_batch_ms > self.batch_ms:
+            raise ValueError(f"worker.min_batch_ms ({self.min_batch_ms}) must not exceed worker.batch_ms "
+                             f"({self.batch_ms}): the batch interval adapts between the two")
+        return self
 
 
 class CoordinatorSpec(_Strict):

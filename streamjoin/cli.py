@@ -569,12 +569,21 @@ def bench(
     durability: Annotated[bool, typer.Option(
         "--durability", help="band only: every run again with ring.recovery off; the JSON's `durability` gives "
                              "both rates and what crash recovery costs")] = False,
+    scale: Annotated[Optional[str], typer.Option(
+        "--scale", help="equijoin only: worker counts as a comma list (e.g. 1,2,4,8,12), run instead of the sweep "
+                        "as a scale-out curve: one backlog preloaded without Spark, drained with each count; the "
+                        "JSON gives tuples/s, speedup, CPU of workers and broker, and the raw-consume limit")] = None,
 ) -> None:
     """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact."""
     from streamjoin.bench import WORKLOADS, run_bench
 
     options = _bench_options(workload, nodes, durability)
-    if workload == "spill":  # in-process workers on simulated time: no broker, no Spark
+    workers = _scale_option(workload, scale, quick)
+    if workers is not None:
+        from streamjoin.bench import scale as scale_bench
+
+        options = {"runner": scale_bench.run, "worker_counts": workers}
+    elif workload == "spill":  # in-process workers on simulated time: no broker, no Spark
         from streamjoin.bench import report, spill
 
         result = spill.run(quick, plot)
@@ -602,6 +611,23 @@ def _bench_options(workload: str, nodes: str | None, durability: bool = False) -
 
     try:
         return ({"nodes": parse_nodes(nodes)} if nodes is not None else {}) | ({"durability": True} if durability else {})
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+def _scale_option(workload: str, scale: str | None, quick: bool) -> tuple[int, ...] | None:
+    """--scale as worker counts (None when not given); a bad value, or a workload other than
+    equijoin, exits 2 before anything starts."""
+    if scale is None:
+        return None
+    if workload != "equijoin":
+        console.print(f"[red]error:[/red] --scale is for `bench equijoin` only, not {workload!r}")
+        raise typer.Exit(2)
+    from streamjoin.bench import scale as scale_bench
+
+    try:
+        return scale_bench.parse_workers(scale, scale_bench.plan_for(quick).partitions)
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

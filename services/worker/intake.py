@@ -28,8 +28,9 @@ group's watermark past every later record).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Mapping, Sequence
 
 import numpy as np
 from confluent_kafka import Message
@@ -51,7 +52,6 @@ _MAX_ORIGIN_PARTITION, _MAX_ORIGIN_OFFSET = 1 << 19, 1 << (63 - BLOCK_SHIFT)
 Positions = dict[str, dict[int, int]]  # topic -> partition -> next offset
 
 
-@dataclass
 class RecordBuffer:
     """Raw records of one stream waiting for the next batch, from any of its input
     partitions: the stream's source topic and (hash mode) its by-key topic.
@@ -59,46 +59,111 @@ class RecordBuffer:
     `partitions`/`offsets` are each record's identity in the source topic (for a
     forwarded record, where it was first written), `groups` the partition group it
     was read for, `rerouted` whether it came through the by-key topic, and
-    `positions` the next offset of every input partition read."""
+    `positions` the next offset of every input partition read.
 
-    values: list[bytes | None] = field(default_factory=list)
-    keys: list[bytes | None] = field(default_factory=list)
-    partitions: list[int] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-    timestamps: list[int] = field(default_factory=list)
-    headers: list[list | None] = field(default_factory=list)
-    groups: list[int] = field(default_factory=list)
-    rerouted: list[bool] = field(default_factory=list)
-    positions: dict[int, Positions] = field(default_factory=dict)  # group -> its input positions
-    foreign: dict[int, str] = field(default_factory=dict)  # record -> the by-key topic it sits in, unforwarded
+    Records arrive in bulk (`extend`: one consume() call's records of a topic) and are
+    taken apart a column at a time, each column in one pass in C (map over the message
+    class's own accessor), not record by record in Python: between consume() and the
+    decoder this is most of a tuple's intake cost."""
+
+    def __init__(self) -> None:
+        self.values: list[bytes | None] = []
+        self.keys: list[bytes | None] = []
+        self.headers: list[list | None] = []
+        self.positions: dict[int, Positions] = {}  # group -> its input positions
+        self.foreign: dict[int, str] = {}  # record -> the by-key topic it sits in, unforwarded
+        self._numbers: dict[str, list[np.ndarray]] = {name: [] for name in _NUMBER_COLUMNS}
+
+    @property
+    def partitions(self) -> np.ndarray:
+        return self._column("partitions")
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self._column("offsets")
+
+    @property
+    def timestamps(self) -> np.ndarray:
+        return self._column("timestamps")
+
+    @property
+    def groups(self) -> np.ndarray:
+        return self._column("groups")
+
+    @property
+    def rerouted(self) -> np.ndarray:
+        return self._column("rerouted")
+
+    def extend(self, msgs: Sequence[Message], topic: str, groups: np.ndarray) -> None:
+        """Records read from the stream's source topic `topic`, `msgs[i]` for group `groups[i]`."""
+        if not msgs:
+            return
+        partitions, offsets = self._take_columns(msgs)
+        self._push(partitions, offsets, groups, np.zeros(len(msgs), bool))
+        self._read_up_to(topic, groups, partitions, offsets)
+
+    def extend_forwarded(self, msgs: Sequence[Message], topic: str) -> None:
+        """Records read from the by-key topic `topic`: a record's group is its partition there,
+        its identity the (partition, offset) in the source topic its headers name. A record
+        without an origin was written there by someone else: it is kept with its own
+        coordinates, to be dead-lettered."""
+        if not msgs:
+            return
+        first = len(self)
+        partitions, offsets = self._take_columns(msgs)
+        origins = [origin_of(m) for m in msgs]  # headers, parsed per record: forwards are the misrouted few
+        known = np.array([o is not None for o in origins], bool)
+        source = np.array([o if o is not None else (-1, -1) for o in origins], np.int64).reshape(-1, 2)
+        self.foreign.update({first + int(i): topic for i in np.flatnonzero(~known)})
+        self._push(np.where(known, source[:, 0], partitions), np.where(known, source[:, 1], offsets), partitions,
+                   known)
+        self._read_up_to(topic, partitions, partitions, offsets)
 
     def add(self, m: Message, group: int) -> None:
-        """A record read from the stream's source topic for `group`."""
-        self._append(m, group, m.partition(), m.offset(), False)
+        """One record read from the stream's source topic for `group`."""
+        self.extend([m], m.topic(), np.array([group], np.int64))
 
-    def add_forwarded(self, m: Message, origin: tuple[int, int] | None) -> None:
-        """A record read from the by-key topic: its group is its partition there, its
-        identity `origin` = (partition, offset) in the source topic. Without an origin
-        someone else wrote it there: it is kept with its own coordinates, to be dead-lettered."""
-        if origin is None:
-            self.foreign[len(self)] = m.topic()
-            self._append(m, m.partition(), m.partition(), m.offset(), False)
-        else:
-            self._append(m, m.partition(), origin[0], origin[1], True)
+    def add_forwarded(self, m: Message) -> None:
+        """One record read from the stream's by-key topic (see `extend_forwarded`)."""
+        self.extend_forwarded([m], m.topic())
 
-    def _append(self, m: Message, group: int, partition: int, offset: int, rerouted: bool) -> None:
-        self.values.append(m.value())
-        self.keys.append(m.key())
-        self.partitions.append(partition)
-        self.offsets.append(offset)
-        self.timestamps.append(m.timestamp()[1])
-        self.headers.append(m.headers())
-        self.groups.append(group)
-        self.rerouted.append(rerouted)
-        self.positions.setdefault(group, {}).setdefault(m.topic(), {})[m.partition()] = m.offset() + 1
+    def _take_columns(self, msgs: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
+        """Append the messages' values, keys, headers and timestamps; return their Kafka
+        partitions and offsets. The accessors are the messages' class's own (confluent-kafka's
+        C methods; a test's stand-in works the same way)."""
+        kind, count = type(msgs[0]), len(msgs)
+        self.values += map(kind.value, msgs)
+        self.keys += map(kind.key, msgs)
+        self.headers += map(kind.headers, msgs)
+        self._numbers["timestamps"].append(
+            np.fromiter(map(itemgetter(1), map(kind.timestamp, msgs)), np.int64, count))
+        return (np.fromiter(map(kind.partition, msgs), np.int64, count),
+                np.fromiter(map(kind.offset, msgs), np.int64, count))
+
+    def _push(self, partitions: np.ndarray, offsets: np.ndarray, groups: np.ndarray, rerouted: np.ndarray) -> None:
+        for name, column in (("partitions", partitions), ("offsets", offsets),
+                             ("groups", np.asarray(groups, np.int64)), ("rerouted", rerouted)):
+            self._numbers[name].append(column)
+
+    def _read_up_to(self, topic: str, groups: np.ndarray, partitions: np.ndarray, offsets: np.ndarray) -> None:
+        """Each partition read in `topic` is positioned after its last record here."""
+        last = len(partitions) - 1 - np.unique(partitions[::-1], return_index=True)[1]
+        for g, p, o in zip(np.asarray(groups)[last].tolist(), partitions[last].tolist(), offsets[last].tolist()):
+            self.positions.setdefault(g, {}).setdefault(topic, {})[p] = o + 1
+
+    def _column(self, name: str) -> np.ndarray:
+        """A number column, its chunks joined once (and kept joined)."""
+        chunks = self._numbers[name]
+        if len(chunks) != 1:
+            chunks[:] = [np.concatenate(chunks) if chunks else np.empty(0, bool if name == "rerouted" else np.int64)]
+        return chunks[0]
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.values)
+
+    def identity(self, i: int) -> tuple[int, int, int]:
+        """Record i's group, and its partition and offset in the source topic."""
+        return int(self.groups[i]), int(self.partitions[i]), int(self.offsets[i])
 
     def value_bytes(self) -> int:
         """Bytes of the records' values (tombstones count 0), summed in C: no Python per record."""
@@ -119,10 +184,13 @@ class RecordBuffer:
 
     def record_index(self, partitions: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Positions of the given (partition, offset) records in this buffer."""
-        packed = (np.asarray(self.partitions, np.int64) << 44) | np.asarray(self.offsets, np.int64)
+        packed = (self.partitions << 44) | self.offsets
         order = np.argsort(packed, kind="stable")
         wanted = (np.asarray(partitions, np.int64) << 44) | np.asarray(offsets, np.int64)
         return order[np.searchsorted(packed[order], wanted)]
+
+
+_NUMBER_COLUMNS = ("partitions", "offsets", "timestamps", "groups", "rerouted")
 
 
 @dataclass(frozen=True)
@@ -211,15 +279,14 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
     join.max_future_ms is measured from (None: no future check)."""
     spec = job.streams[stream_index]
     fresh, marks = _first_copies(buf, routed)
-    screened = _screen(job, spec, buf)
-    keep = np.flatnonzero(np.array([r is None for r in screened], dtype=bool) & fresh)
-    parts = np.asarray(buf.partitions, dtype=np.int32)
-    offsets = np.asarray(buf.offsets, dtype=np.int64)
-    decoded = DECODERS[spec.format](
-        spec, [buf.values[i] for i in keep], parts[keep], offsets[keep],
-        np.asarray(buf.timestamps, dtype=np.int64)[keep],
-    )
-    dead = [_dead(stream_index, buf, i, r) for i, r in enumerate(screened) if r is not None and fresh[i]]
+    refused = _screen(job, spec, buf)
+    passed = fresh.copy()
+    passed[list(refused)] = False
+    keep = np.flatnonzero(passed)
+    values = buf.values if len(keep) == len(buf) else list(map(buf.values.__getitem__, keep.tolist()))
+    decoded = DECODERS[spec.format](spec, values, buf.partitions[keep].astype(np.int32), buf.offsets[keep],
+                                    buf.timestamps[keep])
+    dead = [_dead(stream_index, buf, i, r) for i, r in sorted(refused.items()) if fresh[i]]
     dead += [_dead(stream_index, buf, int(keep[r.index]), r) for r in decoded.rejects]
     block, record = decoded.block, keep[decoded.records]
     if now_ms is not None and job.join.max_future_ms:
@@ -236,8 +303,7 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
         before = block[TS] < job.join.start_event_ms
         metrics.FILTERED.labels(spec.name, "before_start").inc(int(before.sum()))
         block, record = block.filter(~before), record[~before]
-    groups = np.asarray(buf.groups, np.int64)[record]
-    rerouted = np.asarray(buf.rerouted, bool)[record]
+    groups, rerouted = buf.groups[record], buf.rerouted[record]
     forwards: list[Forward] = []
     if routing.check and len(block):
         wrong = _misrouted(spec, block, groups, rerouted, routing)
@@ -272,9 +338,7 @@ def _first_copies(buf: RecordBuffer, routed: Mapping[int, Mapping[int, int]]) ->
     via = np.flatnonzero(buf.rerouted)
     if not len(via):
         return fresh, marks
-    groups = np.asarray(buf.groups, np.int64)[via]
-    parts = np.asarray(buf.partitions, np.int64)[via]
-    offsets = np.asarray(buf.offsets, np.int64)[via]
+    groups, parts, offsets = buf.groups[via], buf.partitions[via], buf.offsets[via]
     order = np.lexsort((np.arange(len(via)), parts, groups))  # per (group, partition), in arrival order
     g, p, o = groups[order], parts[order], offsets[order]
     first = np.r_[True, (g[1:] != g[:-1]) | (p[1:] != p[:-1])]
@@ -313,15 +377,16 @@ def _forwards(spec: StreamSpec, stream: int, buf: RecordBuffer, wrong: Block, re
     targets = target_groups(spec, wrong, routing.partitions)
     keys = key_text([(wrong[k], spec.fields[k]) for k in spec.key_fields]).to_pylist()
     if spec.format != "blocks":
-        return [Forward(stream, buf.groups[i], target, keys[row], buf.values[i], buf.timestamps[i],
-                        buf.partitions[i], buf.offsets[i])
+        return [_forward(stream, buf, i, target, keys[row], buf.values[i])
                 for row, (i, target) in enumerate(zip(records.tolist(), targets.tolist()))]
-    out = []
-    for i, target, rows in _per_record_and_target(records, targets):
-        value = _block_of(spec, wrong, rows)
-        out.append(Forward(stream, buf.groups[i], target, keys[rows[0]], value, buf.timestamps[i], buf.partitions[i],
-                           buf.offsets[i]))
-    return out
+    return [_forward(stream, buf, i, target, keys[rows[0]], _block_of(spec, wrong, rows))
+            for i, target, rows in _per_record_and_target(records, targets)]
+
+
+def _forward(stream: int, buf: RecordBuffer, i: int, target: int, key: bytes, value: bytes | None) -> Forward:
+    """Record i of `buf` (or some of its tuples, as `value`) on its way to group `target`."""
+    group, partition, offset = buf.identity(i)
+    return Forward(stream, group, target, key, value, int(buf.timestamps[i]), partition, offset)
 
 
 def _misrouted_dead(spec: StreamSpec, stream: int, buf: RecordBuffer, wrong: Block, records: np.ndarray,
@@ -356,10 +421,8 @@ def _tuples_dead(spec: StreamSpec, stream: int, buf: RecordBuffer, tuples: Block
     """Tuples as dead letters: a JSON/Avro record whole, a block record's `tuples` as a block of
     just those. `records[r]` is tuple r's record in `buf`."""
     if spec.format != "blocks":
-        return [DeadRecord(stream, buf.groups[i], buf.partitions[i], buf.offsets[i], buf.keys[i], buf.values[i], reason,
-                           detail) for i in records.tolist()]
-    return [DeadRecord(stream, buf.groups[i], buf.partitions[i], buf.offsets[i], buf.keys[i],
-                       _block_of(spec, tuples, rows), reason, detail)
+        return [dead_record(stream, buf, i, buf.values[i], reason, detail) for i in records.tolist()]
+    return [dead_record(stream, buf, i, _block_of(spec, tuples, rows), reason, detail)
             for i, _, rows in _per_record_and_target(records, np.zeros(len(records), np.int64))]
 
 
@@ -371,7 +434,7 @@ def _dead_misrouted(stream: int, buf: RecordBuffer, i: int, value: bytes | None,
     else:
         detail = (f"in partition {buf.partitions[i]}, but Kafka's murmur2 partitioner puts its join key in "
                   f"partition {target} (join.repartition: never)")
-    return DeadRecord(stream, buf.groups[i], buf.partitions[i], buf.offsets[i], buf.keys[i], value, MISROUTED, detail)
+    return dead_record(stream, buf, i, value, MISROUTED, detail)
 
 
 def _split(buf: RecordBuffer, block: Block, groups: np.ndarray, dead: list[DeadRecord], forwards: list[Forward],
@@ -386,34 +449,37 @@ def _split(buf: RecordBuffer, block: Block, groups: np.ndarray, dead: list[DeadR
         forwards_of.setdefault(f.group, []).append(f)
     order = np.argsort(groups, kind="stable")
     sorted_groups = groups[order]
+    copied = buf.groups[copies]  # the group of each forwarded record skipped as a copy
     out = {}
     for g, end in buf.positions.items():
         lo, hi = np.searchsorted(sorted_groups, [g, g + 1])
         mine = order[lo:hi]
-        duplicates = int(np.count_nonzero(copies & (np.asarray(buf.groups) == g)))
+        duplicates = int(np.count_nonzero(copied == g)) if len(copied) else 0
         out[g] = GroupSlice(block.take(mine), dead_of.get(g, []), forwards_of.get(g, []), end, marks.get(g, {}),
                             duplicates)
     return out
 
 
-def _screen(job: JobSettings, spec: StreamSpec, buf: RecordBuffer) -> list[Reject | None]:
-    """Cheap per-record checks before decoding: size and declared stream."""
-    out: list[Reject | None] = []
+def _screen(job: JobSettings, spec: StreamSpec, buf: RecordBuffer) -> dict[int, Reject]:
+    """Cheap checks before decoding, per refused record its reject: a by-key record not
+    forwarded by streamjoin, a value over worker.max_record_bytes, a header naming another
+    stream. Sizes are compared as one array; headers are read only when some record has any."""
+    refused = {i: Reject(i, "malformed", f"a record in {topic} without the origin headers "
+                                         f"{H_ORIGIN_PARTITION}/{H_ORIGIN_OFFSET}: not forwarded by streamjoin")
+               for i, topic in buf.foreign.items()}
     limit = job.worker.max_record_bytes
-    for i, (v, h) in enumerate(zip(buf.values, buf.headers)):
-        if i in buf.foreign:
-            out.append(Reject(i, "malformed", f"a record in {buf.foreign[i]} without the origin headers "
-                                              f"{H_ORIGIN_PARTITION}/{H_ORIGIN_OFFSET}: not forwarded by streamjoin"))
-            continue
-        if v is not None and len(v) > limit:
-            out.append(Reject(i, "oversize", f"{len(v)} bytes > worker.max_record_bytes={limit}"))
-            continue
-        named = _stream_header(h)
-        if named is not None and named != spec.name:
-            out.append(Reject(i, "unknown-stream", f"record names stream {named!r}, topic carries {spec.name!r}"))
-            continue
-        out.append(None)
-    return out
+    values = buf.values
+    sizes = (np.fromiter(map(len, values), np.int64, len(values)) if None not in values  # tombstones: size 0
+             else np.array([len(v or b"") for v in values], np.int64))
+    for i in np.flatnonzero(sizes > limit).tolist():
+        refused.setdefault(i, Reject(i, "oversize", f"{sizes[i]} bytes > worker.max_record_bytes={limit}"))
+    if any(buf.headers):
+        for i, headers in enumerate(buf.headers):
+            named = _stream_header(headers)
+            if named is not None and named != spec.name:
+                refused.setdefault(i, Reject(i, "unknown-stream",
+                                             f"record names stream {named!r}, topic carries {spec.name!r}"))
+    return refused
 
 
 def _stream_header(headers: list | None) -> str | None:
@@ -426,5 +492,11 @@ def _stream_header(headers: list | None) -> str | None:
 
 
 def _dead(stream: int, buf: RecordBuffer, i: int, r: Reject) -> DeadRecord:
-    return DeadRecord(stream, buf.groups[i], buf.partitions[i], buf.offsets[i], buf.keys[i], buf.values[i], r.reason,
-                      r.detail, buf.foreign.get(i))
+    return dead_record(stream, buf, i, buf.values[i], r.reason, r.detail)
+
+
+def dead_record(stream: int, buf: RecordBuffer, i: int, value: bytes | None, reason: str, detail: str) -> DeadRecord:
+    """Record i of `buf` as a dead letter of `stream`, with `value` (the record's own, or a
+    block of some of its tuples)."""
+    group, partition, offset = buf.identity(i)
+    return DeadRecord(stream, group, partition, offset, buf.keys[i], value, reason, detail, buf.foreign.get(i))

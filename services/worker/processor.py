@@ -177,8 +177,8 @@ def late_records(job: JobSettings, stream: int, group: int, buf: RecordBuffer, l
     detail = f"event time older than the watermark {watermark} (allowed lateness {job.join.allowed_lateness_ms} ms)"
     if spec.format != "blocks":
         at = buf.record_index(late[PART], late[OFF])
-        return [DeadRecord(stream, group, buf.partitions[i], buf.offsets[i], buf.keys[i], buf.values[i], "late",
-                           detail) for i in at]
+        return [DeadRecord(stream, group, int(buf.partitions[i]), int(buf.offsets[i]), buf.keys[i], buf.values[i],
+                           "late", detail) for i in at.tolist()]
     record_offsets = late[OFF] >> BLOCK_SHIFT
     out = []
     for part, rec in np.unique(np.stack([late[PART].astype(np.int64), record_offsets], axis=1), axis=0).tolist():

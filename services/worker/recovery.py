@@ -29,7 +29,7 @@ from streamjoin.schemas.result_codec import decode_results, result_layout
 from streamjoin.schemas.results import (H_OFFSET, H_PARTITION, H_TOPIC, RESULT_ID_HI, RESULT_ID_LO, BatchCommit,
                                         decode_commit, decode_headers)
 from streamjoin.services import faults, kafka, metrics
-from streamjoin.services.worker.intake import RecordBuffer, Routing, origin_of
+from streamjoin.services.worker.intake import RecordBuffer, Routing
 from streamjoin.services.worker.output import Emitter
 from streamjoin.services.worker.processor import run_cycle
 from streamjoin.services.worker.restore import restore_groups
@@ -174,7 +174,7 @@ def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: di
                 if m.topic() in stream_of:
                     buffers.setdefault(stream_of[m.topic()], RecordBuffer()).add(m, group)
                 else:
-                    buffers.setdefault(forwarded[m.topic()], RecordBuffer()).add_forwarded(m, origin_of(m))
+                    buffers.setdefault(forwarded[m.topic()], RecordBuffer()).add_forwarded(m)
             # Position, not the last offset seen: transaction markers occupy offsets no reader sees.
             for tp in c.position([TopicPartition(t, p) for t, p in remaining]):
                 if tp.offset >= wanted[(tp.topic, tp.partition)]:

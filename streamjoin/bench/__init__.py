@@ -35,10 +35,11 @@ def workload(name: str) -> Workload:
 
 
 def run_bench(workload_name: str, quick: bool = False, json_path: Path | None = None,
-              plot_path: Path | None = None, **options: Any) -> dict:
+              plot_path: Path | None = None, runner: Workload | None = None, **options: Any) -> dict:
     """Run one workload on a fresh embedded broker; returns (and writes to `json_path`) the report.
+    runner: the workload's `run` when it is not its module's (equijoin's scale-out curve);
     options: the workload's own keywords (band: nodes)."""
-    run = workload(workload_name)
+    run = runner or workload(workload_name)
     machine = report.machine_info()
     began = time.monotonic()
     with bench_env() as env:

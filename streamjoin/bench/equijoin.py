@@ -8,6 +8,11 @@ expires within a run: a step's probes see every tuple written before it. The
 key domain is chosen for the whole staircase so that output is about as
 large as input (`domain_for`), and the report states what it came to.
 
+The peers join the same input (`run_peers`): Spark Structured Streaming, one
+raw consumer, the reference join, PyFlink from its own venv, and Quix
+Streams' `join_interval` from its own venv, exactly-once on the same topics;
+each engine's exactness is reported beside its throughput.
+
 Beside it, a left join (join.type left) on the same workload: its throughput
 beside the inner join's on the same topics, the delay of unmatched rows past
 their deadline, and Spark's left outer join as the peer (bench/left_join.py).
@@ -33,7 +38,7 @@ import numpy as np
 from streamjoin.bench import left_join, ours, report
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.inputs import ARRIVAL, export_inputs
-from streamjoin.bench.peers import kafka_consume, pyflink_peer, reference, spark_peer
+from streamjoin.bench.peers import kafka_consume, pyflink_peer, quix_peer, reference, spark_peer
 from streamjoin.settings import JobSettings, WindowSpec, load
 
 THRESHOLD_S = 1.0  # capacity: p99 production delay under this
@@ -165,7 +170,9 @@ def run_peers(env: BenchEnv, common: JobSettings, sweep: dict, plan: Plan) -> di
         flink = pyflink_peer.run_pyflink(common, tables, env.workdir)
     if flink["ran"]:
         flink["exact"] = flink["results"] == expected
-    return {"spark": spark, "kafka_consume": consume, "reference": floor, "pyflink": flink}
+    with env.phase("Quix Streams peer (its own venv: STREAMJOIN_QUIX_PYTHON or .venv-quix)"):
+        quix = quix_peer.run_quix(common, tables, env.cluster, env.workdir, expected)
+    return {"spark": spark, "kafka_consume": consume, "reference": floor, "pyflink": flink, "quix": quix}
 
 
 def spark_figures(env: BenchEnv, common: JobSettings, tables: dict, sweep: dict, plan: Plan) -> dict:
@@ -227,9 +234,10 @@ def ratios(capacity: dict, throughput: dict, peers: dict) -> dict:
         out[f"throughput_{k}w_vs_kafka_consume"] = report.ratio(tps, consume["tuples_per_s"],
                                                                 "backlog throughput vs raw consumption", "tuples/s")
         out[f"throughput_{k}w_vs_reference"] = report.ratio(tps, floor["tuples_per_s"], "throughput", "tuples/s")
-        if peers["pyflink"]["ran"]:
-            out[f"throughput_{k}w_vs_pyflink"] = report.ratio(tps, peers["pyflink"]["tuples_per_s"],
-                                                              "backlog throughput", "tuples/s")
+        for name in ("pyflink", "quix"):
+            if peers[name]["ran"]:
+                out[f"throughput_{k}w_vs_{name}"] = report.ratio(tps, peers[name]["tuples_per_s"],
+                                                                 "backlog throughput", "tuples/s")
     for k, cap in capacity.items():
         out[f"capacity_{k}w_vs_spark"] = report.ratio(cap, spark["capacity_per_stream"],
                                                       f"rate per stream with p99 delay < {THRESHOLD_S:.0f}s",

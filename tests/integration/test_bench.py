@@ -19,8 +19,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 def test_bench_equijoin_quick_reports_exact_figures_peers_and_ratios(tmp_path: Path) -> None:
     out, plot = tmp_path / "out.json", tmp_path / "curve.png"
-    # A fresh embedded broker, and no PyFlink venv: the quick run stays a CI run.
-    env = {k: v for k, v in os.environ.items() if k not in ("STREAMJOIN_BOOTSTRAP", "STREAMJOIN_PYFLINK_PYTHON")}
+    # A fresh embedded broker, no PyFlink venv (the quick run stays a CI run) and the Quix peer from the
+    # repository's .venv-quix (ops/setup.sh makes it), not from whatever STREAMJOIN_QUIX_PYTHON names.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("STREAMJOIN_BOOTSTRAP", "STREAMJOIN_PYFLINK_PYTHON", "STREAMJOIN_QUIX_PYTHON")}
     done = subprocess.run([sys.executable, "-m", "streamjoin.cli", "bench", "equijoin", "--quick", "--json", str(out),
                            "--plot", str(plot)], capture_output=True, text=True, env=env, timeout=540)
     assert done.returncode == 0, done.stderr[-5000:]
@@ -34,12 +36,23 @@ def test_bench_equijoin_quick_reports_exact_figures_peers_and_ratios(tmp_path: P
     assert data["ours"]["replays"]["1"]["identical_to_verified_run"] is True
 
     peers = data["peers"]
-    assert {"spark", "kafka_consume", "reference", "pyflink"} <= set(peers)
+    assert {"spark", "kafka_consume", "reference", "pyflink", "quix"} <= set(peers)
     assert peers["spark"]["exact"] is True and peers["spark"]["tuples_per_s"] > 0
     assert peers["kafka_consume"]["tuples_per_s"] > 0 and peers["kafka_consume"]["bytes_per_s"] > 0
     assert peers["kafka_consume"]["delivery"]["delay"]["count"] > 0
     assert peers["reference"]["exact"] is True
     assert peers["pyflink"]["ran"] is False and "STREAMJOIN_PYFLINK_PYTHON" in peers["pyflink"]["why"]
+    quix = peers["quix"]
+    assert quix["ran"] is True, quix.get("why")
+    assert quix["tuples_per_s"] > 0 and quix["processed"] == quix["tuples"] == sweep["verify"]["inputs"]["total"]
+    # Exactness is judged, not assumed: the rule's pairs are the verified results, and the counts add up.
+    assert quix["rule_matches_verified"] is True and quix["expected"] == sweep["verify"]["expected"]
+    assert all(type(quix[k]) is int and quix[k] >= 0 for k in ("missing", "extra", "duplicates"))
+    assert quix["results"] == quix["expected"] - quix["missing"] + quix["extra"] + quix["duplicates"]
+    assert quix["exact"] is (quix["missing"] == quix["extra"] == quix["duplicates"] == 0)
+    # What Quix misses is what its look-back cannot see: pairs whose newer member it read first.
+    assert quix["missing_newer_arrived_first"] == quix["missing"]
+    assert data["ratios"]["throughput_1w_vs_quix"]["peer"] == quix["tuples_per_s"]
 
     left = data["left_join"]
     assert left["exact"] is True

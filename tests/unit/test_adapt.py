@@ -9,6 +9,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
+from confluent_kafka import Message
 from hypothesis import given, settings as hsettings, strategies as st
 
 from streamjoin.schemas import control
@@ -618,7 +619,7 @@ def test_the_hash_workers_heartbeat_carries_its_backlog_and_group_bytes(tmp_path
     w.groups = {4, 9}
     w.record_size.records, w.record_size.bytes = 2, 100  # 50 bytes a record so far
     pending = RecordBuffer()
-    pending.values, pending.offsets = [b"x" * 7], [0]  # one fetched record of 7 bytes
+    pending.add(Message(topic=job.topic_of(job.streams[0]), partition=4, offset=0, value=b"x" * 7), 4)  # 7 bytes fetched
     w.pending = {0: pending}
     w.store.observe(9, 1_000, inserted=5, results=12)  # P_o of an owned group; 4 has no statistics yet
     w.store.observe(11, 1_000, inserted=5, results=99)  # not owned: not reported

@@ -141,7 +141,7 @@ def test_a_forwarded_block_keeps_its_tuples_identities() -> None:
 def test_a_record_on_a_by_key_topic_without_origin_is_dead_lettered() -> None:
     j = job()
     buf = RecordBuffer()
-    buf.add_forwarded(Msg("in.r.by-key", 4, 0, json.dumps({"k": 1, "ts": 5}).encode()), None)  # type: ignore[arg-type]
+    buf.add_forwarded(Msg("in.r.by-key", 4, 0, json.dumps({"k": 1, "ts": 5}).encode()))  # type: ignore[arg-type]
     (slice_,) = decode_by_group(j, 0, buf, routing_for(j, PARTITIONS), {}).values()
     (dead,) = slice_.dead
     assert dead.reason == "malformed" and dead.topic == "in.r.by-key" and len(slice_.block) == 0
@@ -164,8 +164,9 @@ def test_each_forwarded_record_is_taken_once(runs: list[tuple[int, int, int, int
     for group, partition, start, length in runs:  # (group, source partition, first offset, records)
         for offset in range(start, start + length):
             key = next(k for k in range(10_000) if home(k) == group)
-            msg = Msg("in.r.by-key", group, by_key, json.dumps({"k": key, "ts": offset}).encode())
-            buf.add_forwarded(msg, (partition, offset))  # type: ignore[arg-type]
+            origin = [(H_ORIGIN_PARTITION, str(partition).encode()), (H_ORIGIN_OFFSET, str(offset).encode())]
+            msg = Msg("in.r.by-key", group, by_key, json.dumps({"k": key, "ts": offset}).encode(), origin)
+            buf.add_forwarded(msg)  # type: ignore[arg-type]
             by_key += 1
     routed = {}
     for (group, partition), mark in marks.items():

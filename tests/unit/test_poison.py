@@ -269,7 +269,7 @@ def test_a_by_key_record_naming_an_impossible_origin_is_dead_lettered(partition:
     m = Msg("p.r.by-key", 0, 9, _json(), [(H_ORIGIN_PARTITION, partition), (H_ORIGIN_OFFSET, offset)])
     assert origin_of(m) is None  # type: ignore[arg-type]
     buf = RecordBuffer()
-    buf.add_forwarded(m, origin_of(m))  # type: ignore[arg-type]
+    buf.add_forwarded(m)  # type: ignore[arg-type]
     (sl,) = decode_by_group(j, 0, buf, routing_for(j, 1), {}).values()
     assert len(sl.block) == 0 and [(d.offset, d.reason, d.topic) for d in sl.dead] == [(9, "malformed", "p.r.by-key")]
 

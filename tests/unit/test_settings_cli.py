@@ -36,6 +36,8 @@ def test_default_job_loads() -> None:
     (lambda d: d["worker"].update(batch_ms="soon"), "worker.batch_ms"),
     (lambda d: d.update(colour="blue"), "colour"),
     (lambda d: d.setdefault("join", {}).update(max_future_ms=-1), "join.max_future_ms"),
+    (lambda d: d.setdefault("join", {}).update(max_read_ahead_ms=-5), "join.max_read_ahead_ms"),
+    (lambda d: d["worker"].update(batch_ms=100, min_batch_ms=150), "worker.min_batch_ms"),
     (lambda d: d.update(faults={"crash_at": ["w0:nope"]}), "faults.crash_at"),
     (lambda d: d.update(faults={"crash_at": ["coordinator:sender-committed"]}), "faults.crash_at"),
 ])
