@@ -52,6 +52,14 @@ _MAX_ORIGIN_PARTITION, _MAX_ORIGIN_OFFSET = 1 << 19, 1 << (63 - BLOCK_SHIFT)
 Positions = dict[str, dict[int, int]]  # topic -> partition -> next offset
 
 
+_NUMBER_COLUMNS = ("partitions", "offsets", "timestamps", "groups", "rerouted")
+
+
+def _number_column(name: str) -> property:
+    """A RecordBuffer number column, its chunks read as one array (RecordBuffer._column)."""
+    return property(lambda buffer: buffer._column(name), doc=f"each record's {name}, one array")
+
+
 class RecordBuffer:
     """Raw records of one stream waiting for the next batch, from any of its input
     partitions: the stream's source topic and (hash mode) its by-key topic.
@@ -66,6 +74,12 @@ class RecordBuffer:
     class's own accessor), not record by record in Python: between consume() and the
     decoder this is most of a tuple's intake cost."""
 
+    partitions = _number_column("partitions")
+    offsets = _number_column("offsets")
+    timestamps = _number_column("timestamps")
+    groups = _number_column("groups")
+    rerouted = _number_column("rerouted")
+
     def __init__(self) -> None:
         self.values: list[bytes | None] = []
         self.keys: list[bytes | None] = []
@@ -73,26 +87,6 @@ class RecordBuffer:
         self.positions: dict[int, Positions] = {}  # group -> its input positions
         self.foreign: dict[int, str] = {}  # record -> the by-key topic it sits in, unforwarded
         self._numbers: dict[str, list[np.ndarray]] = {name: [] for name in _NUMBER_COLUMNS}
-
-    @property
-    def partitions(self) -> np.ndarray:
-        return self._column("partitions")
-
-    @property
-    def offsets(self) -> np.ndarray:
-        return self._column("offsets")
-
-    @property
-    def timestamps(self) -> np.ndarray:
-        return self._column("timestamps")
-
-    @property
-    def groups(self) -> np.ndarray:
-        return self._column("groups")
-
-    @property
-    def rerouted(self) -> np.ndarray:
-        return self._column("rerouted")
 
     def extend(self, msgs: Sequence[Message], topic: str, groups: np.ndarray) -> None:
         """Records read from the stream's source topic `topic`, `msgs[i]` for group `groups[i]`."""
@@ -188,9 +182,6 @@ class RecordBuffer:
         order = np.argsort(packed, kind="stable")
         wanted = (np.asarray(partitions, np.int64) << 44) | np.asarray(offsets, np.int64)
         return order[np.searchsorted(packed[order], wanted)]
-
-
-_NUMBER_COLUMNS = ("partitions", "offsets", "timestamps", "groups", "rerouted")
 
 
 @dataclass(frozen=True)

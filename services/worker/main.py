@@ -55,8 +55,7 @@ class Worker:
         self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
                                    stream_templates(job), job.worker.memory_bytes,
                                    changelog=job.worker.changelog, spill=job.worker.spill)
-        # Input topics by code: stream i's source topic is i, its by-key topic len(streams) + i.
-        self.input_topics = [job.topic_of(s) for s in job.streams] + [job.by_key_topic(s) for s in job.streams]
+        self.input_topics = input_topics(job)
         self.topic_codes = {topic: code for code, topic in enumerate(self.input_topics)}
         self.routings: list[Routing] = []  # per stream; the source topics' partition counts are read at start
         self.consumer = cluster.consumer(job.consumer_group)
@@ -232,8 +231,8 @@ class Worker:
         out = []
         for g in sorted(groups):
             end = self.store.get(g).checkpoint.end if from_checkpoint else {}
-            for s, routing in zip(self.job.streams, self.routings):
-                inputs = [(self.job.topic_of(s), j) for j in range(g, routing.source_partitions, routing.partitions)]
+            for i, (s, routing) in enumerate(zip(self.job.streams, self.routings)):
+                inputs = self._source_partitions(g, i)
                 if routing.check and routing.repartition == "auto":
                     inputs.append((self.job.by_key_topic(s), g))
                 for topic, p in inputs:
@@ -348,14 +347,17 @@ class Worker:
                 for j in range(group, routing.source_partitions, routing.partitions)]
 
     def _unread(self, partitions: set[tuple[str, int]]) -> set[tuple[str, int]]:
-        """The partitions among `partitions` with records past the consumer's position (by the
-        high watermarks the consumer's fetches last saw; unknown counts as unread)."""
-        out = set()
-        for tp in self.consumer.position([TopicPartition(t, p) for t, p in sorted(partitions)]):
-            _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-            if high < 0 or (tp.offset < 0 and high > 0) or 0 <= tp.offset < high:
-                out.add((tp.topic, tp.partition))
-        return out
+        """The partitions among `partitions` with records past the consumer's position; a
+        partition whose position or end is unknown yet counts as unread unless it is empty."""
+        return {(tp.topic, tp.partition) for tp, high in self._positions_and_ends(
+                    [TopicPartition(t, p) for t, p in sorted(partitions)])
+                if high < 0 or (tp.offset < 0 and high > 0) or 0 <= tp.offset < high}
+
+    def _positions_and_ends(self, partitions: list[TopicPartition]) -> list[tuple[TopicPartition, int]]:
+        """Each partition at the consumer's position, with its end as the consumer's fetches last
+        saw it (the cached high watermark; negative: not known yet)."""
+        return [(tp, self.consumer.get_watermark_offsets(tp, cached=True)[1])
+                for tp in self.consumer.position(partitions)]
 
     def _keep_budget(self) -> None:
         """Within the memory budget again after a cycle or a recovery (worker.spill)."""
@@ -554,12 +556,14 @@ class Worker:
         """Records in the owned groups' input partitions past the consumer's position (not fetched yet)."""
         if not self.groups:
             return 0
-        behind = 0
-        for tp in self.consumer.position(self._partitions(self.groups)):
-            _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-            if high >= 0 and tp.offset >= 0:
-                behind += max(0, high - tp.offset)
-        return behind
+        return sum(max(0, high - tp.offset) for tp, high in self._positions_and_ends(self._partitions(self.groups))
+                   if high >= 0 and tp.offset >= 0)
+
+
+def input_topics(job: JobSettings) -> list[str]:
+    """A hash worker's input topics by code (intake's stream test): stream i's source topic is
+    code i, its by-key topic code len(streams) + i."""
+    return [job.topic_of(s) for s in job.streams] + [job.by_key_topic(s) for s in job.streams]
 
 
 def next_interval_ms(job: JobSettings, cycle_seconds: float) -> float:

@@ -150,13 +150,7 @@ def parse_nodes(text: str) -> tuple[int, ...]:
 
     text: comma-separated integers in 1..MAX_RING_NODES (spaces allowed). Raises ValueError
     on anything else, naming what was wrong."""
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isascii() and p.isdigit() for p in parts):
-        raise ValueError(f"--nodes takes ring sizes as a comma list such as 1,2,4, got {text!r}")
-    sizes = sorted({int(p) for p in parts})
-    if sizes[0] < 1 or sizes[-1] > MAX_RING_NODES:
-        raise ValueError(f"--nodes: ring sizes must lie in 1..{MAX_RING_NODES}, got {text!r}")
-    return tuple(sizes)
+    return report.parse_counts(text, "--nodes", MAX_RING_NODES, "1,2,4", "ring sizes")
 
 
 def scaling_plan(plan: Plan, nodes: tuple[int, ...]) -> Plan:

@@ -97,6 +97,21 @@ def _first_line(cmd: list[str]) -> str | None:
 # ---------------------------------------------------------------- figures
 
 
+def parse_counts(text: str, option: str, limit: int, example: str, what: str, bound: str = "") -> tuple[int, ...]:
+    """A bench option's comma list of counts as typed (e.g. "1,2,4"): distinct and ascending.
+
+    text: comma-separated integers in 1..limit (spaces allowed); option: its flag (--nodes);
+    example: a valid value for the message; what: what the counts are (ring sizes); bound: why
+    the limit, for the message. Raises ValueError naming what was wrong."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(f"{option} takes {what} as a comma list such as {example}, got {text!r}")
+    counts = sorted({int(p) for p in parts})
+    if counts[0] < 1 or counts[-1] > limit:
+        raise ValueError(f"{option}: {what} must lie in 1..{limit}{bound}, got {text!r}")
+    return tuple(counts)
+
+
 def sustained_rate(samples: Sequence[tuple[float, float]], lo: float = 0.1, hi: float = 0.9) -> float | None:
     """Items/s between the samples where `lo` and `hi` of the total were done.
 

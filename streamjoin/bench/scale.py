@@ -95,13 +95,7 @@ def parse_workers(text: str, limit: int) -> tuple[int, ...]:
 
     text: comma-separated integers in 1..limit (spaces allowed); limit: the plan's partitions
     (a worker beyond them would hold no group). Raises ValueError naming what was wrong."""
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isascii() and p.isdigit() for p in parts):
-        raise ValueError(f"--scale takes worker counts as a comma list such as 1,2,4,8,12, got {text!r}")
-    counts = sorted({int(p) for p in parts})
-    if counts[0] < 1 or counts[-1] > limit:
-        raise ValueError(f"--scale: worker counts must lie in 1..{limit} (the partitions of this plan), got {text!r}")
-    return tuple(counts)
+    return report.parse_counts(text, "--scale", limit, "1,2,4,8,12", "worker counts", " (the partitions of this plan)")
 
 
 def run(env: BenchEnv, quick: bool, plot_path: Path | None, worker_counts: Sequence[int] = (1, 2),

@@ -36,7 +36,7 @@ from streamjoin.schemas import result_codec
 from streamjoin.services import workloads
 from streamjoin.services.worker import processor
 from streamjoin.services.worker.intake import routing_for
-from streamjoin.services.worker.main import Worker, stream_templates
+from streamjoin.services.worker.main import Worker, input_topics, stream_templates
 from streamjoin.settings import JobSettings, load
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -104,7 +104,7 @@ def intake_worker(job: JobSettings) -> Worker:
     """A Worker with just what `_take` reads: the job, its input topics and every group owned."""
     worker = Worker.__new__(Worker)
     worker.job = job
-    worker.input_topics = [job.topic_of(s) for s in job.streams] + [job.by_key_topic(s) for s in job.streams]
+    worker.input_topics = input_topics(job)
     worker.topic_codes = {topic: code for code, topic in enumerate(worker.input_topics)}
     worker.groups = set(range(job.partitions))
     worker.pending = {}
