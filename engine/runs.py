@@ -22,7 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from streamjoin.engine.block import KEY, OFF, TS, Block, concat
-from streamjoin.engine.probe import expand_ranges, key_ranges, sort_by_key_time
+from streamjoin.engine.probe import distinct, expand_ranges, key_ranges, sort_by_key_time
 
 RATIO = 2  # a run is at least this many times the live size of the next (newer) one
 NO_FLOOR = np.iinfo(np.int64).min
@@ -163,7 +163,7 @@ class SortedRuns:
     def matching(self, keys: np.ndarray) -> Block:
         """The live tuples whose key is in `keys`, sorted by (key, ts, off): one binary search
         per run for the distinct keys, so the cost follows the probe and its matches."""
-        wanted = np.unique(keys)
+        wanted = distinct(keys)
         parts = []
         for run in self.runs:
             lo, hi = key_ranges(run.block[KEY], wanted)

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, system_block
-from streamjoin.schemas.columns import binary_array, string_array
+from streamjoin.schemas.columns import binary_array, fixed_width_array, string_array
 from streamjoin.settings import StreamSpec
 
 _ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "bytes": pa.binary()}
@@ -90,8 +90,7 @@ def keys_are_exact(spec: StreamSpec) -> bool:
 
 def _numpy_column(col: pa.ChunkedArray, ftype: str) -> np.ndarray:
     if ftype in ("str", "bytes"):
-        arr = col.to_numpy(zero_copy_only=False)
-        return arr.astype("U") if ftype == "str" else arr.astype("S")
+        return fixed_width_array(col, "U" if ftype == "str" else "S")
     return col.to_numpy()
 
 
@@ -449,9 +448,9 @@ def decode_block(data: bytes) -> Block:
     for name in table.column_names:
         col = table.column(name)
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-            cols[name] = col.to_numpy(zero_copy_only=False).astype(f"U{widths.get(name, '')}")
+            cols[name] = fixed_width_array(col, "U", widths.get(name))
         elif pa.types.is_binary(col.type):
-            cols[name] = col.to_numpy(zero_copy_only=False).astype(f"S{widths.get(name, '')}")
+            cols[name] = fixed_width_array(col, "S", widths.get(name))
         else:
             cols[name] = col.to_numpy()
     return Block(cols)

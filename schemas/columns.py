@@ -77,6 +77,32 @@ def flat(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return data, offsets.astype(np.int64)
 
 
+def fixed_width_array(values: pa.Array | pa.ChunkedArray, kind: str, width: int | None = None) -> np.ndarray:
+    """A text or binary Arrow column as the engine's fixed-width NumPy column, without a Python
+    object per value where it can: bytes as 'S', and str as 'U' when every byte is ASCII (its code
+    points are its bytes); other text goes through Python strings. As NumPy would hold them, each
+    value ends at its last non-NUL unit (trailing NULs are padding, interior ones kept).
+
+    values: string, binary or their large forms, nulls allowed (a null reads as empty); kind: "U" or
+    "S"; width: the column's width in units (characters for 'U', bytes for 'S'), at least its
+    longest value's; None: the longest value's (at least 1)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if values.null_count:
+        values = values.fill_null("" if pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+                                  else b"")
+    data, offsets = flat(values)
+    data = data[offsets[0]:offsets[-1]]
+    if kind == "U" and len(data) and data.max() >= 0x80:  # multi-byte UTF-8: Python decodes it
+        text = values.to_numpy(zero_copy_only=False).astype("U")
+        return text.astype(f"U{width}") if width and width > text.dtype.itemsize // 4 else text
+    lengths = np.diff(offsets)
+    width = max(width or 1, int(lengths.max(initial=0)))
+    units = np.zeros((len(lengths), width), np.uint8)
+    units[np.arange(width) < lengths[:, None]] = data  # row-major: each value's bytes in order
+    return units.astype(np.uint32).view(f"U{width}").ravel() if kind == "U" else units.view(f"S{width}").ravel()
+
+
 def to_bytes_list(values: pa.Array) -> list[bytes]:
     """The values as Python bytes, e.g. record values or keys for the producer (the one per-row step).
 

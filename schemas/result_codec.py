@@ -53,8 +53,8 @@ from streamjoin.engine.outer import optional_streams
 from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO,
                                           parse_result_id_hex, result_id_hex)
 from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
-from streamjoin.schemas.columns import (base64_decode, base64_encode, binary_array, flat, from_flat, string_array,
-                                        to_bytes_list)
+from streamjoin.schemas.columns import (base64_decode, base64_encode, binary_array, fixed_width_array, flat, from_flat,
+                                        string_array, to_bytes_list)
 from streamjoin.settings import FieldType, JobSettings
 from streamjoin.topology.partitioner import key_text
 
@@ -716,7 +716,7 @@ def _numpy(values: pa.ChunkedArray, ftype: FieldType) -> np.ndarray:
     """An Arrow column as the engine's NumPy column of `ftype` (numbers keep their Arrow width;
     a null float is NaN)."""
     if ftype in ("str", "bytes"):
-        return values.to_numpy(zero_copy_only=False).astype("U" if ftype == "str" else "S")
+        return fixed_width_array(values, "U" if ftype == "str" else "S")
     return values.to_numpy()
 
 

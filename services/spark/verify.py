@@ -46,6 +46,7 @@ from streamjoin.engine.outer import DECIDED
 from streamjoin.engine.result_ids import ABSENT
 from streamjoin.schemas.codecs import BLOCK_SHIFT, arrow_schema
 from streamjoin.schemas.splitjoin import MARK_HEADER
+from streamjoin.schemas.columns import fixed_width_array
 from streamjoin.schemas.results import EVENT_TIME, H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, PRODUCED_MS, ref_columns
 from streamjoin.services.kafka import Cluster
 from streamjoin.services.spark.kafka_source import NAME as KAFKA, local_session
@@ -353,9 +354,9 @@ def _holds(term: Term) -> Column:
 def _engine_array(values: pa.Array) -> np.ndarray:
     """A column as schemas.codecs hands it to the engine: bytes as NumPy 'S', text as 'U'."""
     if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
-        return values.to_numpy(zero_copy_only=False).astype("S")
+        return fixed_width_array(values, "S")
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        return values.to_numpy(zero_copy_only=False).astype("U")
+        return fixed_width_array(values, "U")
     return values.to_numpy(zero_copy_only=False)
 
 

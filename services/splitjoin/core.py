@@ -48,7 +48,7 @@ from streamjoin.schemas import control
 from streamjoin.schemas.results import dead_letter_headers
 from streamjoin.schemas.splitjoin import (CoreMeta, ScaleMark, SplitJoinWireError, encode_core_release, mark_of,
                                           schedule_epochs)
-from streamjoin.services import faults, kafka, metrics
+from streamjoin.services import collector, faults, kafka, metrics
 from streamjoin.services.shutdown import Stopped, StopFlag, started
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.worker.main import exit_if_fenced, stream_templates
@@ -504,4 +504,5 @@ def run_core(job: JobSettings, cluster: kafka.Cluster, position: int, worker_id:
     """Run SplitJoin core `position` (0..splitjoin.max_cores - 1) until SIGTERM or retirement."""
     service = CoreService(job, cluster, position, worker_id, metrics_port)
     faults.install(job, worker_id)
+    collector.settle()
     service.run()

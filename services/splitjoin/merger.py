@@ -64,7 +64,7 @@ from streamjoin.schemas import control
 from streamjoin.schemas.results import RoundRelease
 from streamjoin.schemas.result_codec import decode_results, result_columns, result_layout
 from streamjoin.schemas.splitjoin import CoreMeta, Headers, SplitJoinWireError, decode_core_release
-from streamjoin.services import faults, kafka, metrics
+from streamjoin.services import collector, faults, kafka, metrics
 from streamjoin.services.shutdown import StopFlag, started
 from streamjoin.services.worker.output import Deliveries, ResultWriter, flush
 from streamjoin.services.worker.ring import ring_plan
@@ -551,4 +551,5 @@ def run_merger(job: JobSettings, cluster: kafka.Cluster, metrics_port: int | Non
     job: a splitjoin job; cluster: its Kafka cluster; metrics_port: where /metrics and
     /healthz are served (None: worker.metrics_port, 0: any free port)."""
     faults.install(job, MERGER)
+    collector.settle()
     Merger(job, cluster, metrics_port).run()

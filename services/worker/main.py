@@ -20,7 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaExcep
 
 from streamjoin.engine.window_join import template
 from streamjoin.schemas import control
-from streamjoin.services import faults, kafka, metrics
+from streamjoin.services import collector, faults, kafka, metrics
 from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.services.worker.alignment import paused_streams
 from streamjoin.services.worker.backlog import RecordSize, backlog_bytes
@@ -257,7 +257,7 @@ class Worker:
         groups = np.where(by_key, partitions, partitions % self.job.partitions)
         # Records fetched just before an unassignment are dropped.
         owned = np.isin(groups, np.fromiter(self.groups, np.int64, len(self.groups)))
-        for code in np.unique(topics).tolist():
+        for code in np.flatnonzero(np.bincount(topics)).tolist():  # the codes present (np.unique hashes: slower)
             chosen = (topics == code) & owned
             picked = msgs if chosen.all() else list(map(msgs.__getitem__, np.flatnonzero(chosen).tolist()))
             if not picked:
@@ -594,4 +594,5 @@ def exit_if_fenced(error: KafkaException) -> None:
 
 def run_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
     faults.install(job, worker_id)
+    collector.settle()
     Worker(job, cluster, worker_id, metrics_port).run()

@@ -60,7 +60,7 @@ from streamjoin.schemas import control, ring as wire, ring_epochs
 from streamjoin.schemas.control import RING_FENCED_EXIT
 from streamjoin.schemas.results import RoundRelease
 from streamjoin.schemas.ring_epochs import RingCheckpoint, RingReplace, RingStart
-from streamjoin.services import kafka, metrics
+from streamjoin.services import collector, kafka, metrics
 from streamjoin.services.shutdown import StopFlag, started
 from streamjoin.services.worker.output import Deliveries, ResultWriter, flush, udf_dead_letters
 from streamjoin.services.worker.main import stream_templates
@@ -476,4 +476,5 @@ def _count_failed_delivery(err: KafkaError | None, _msg: Message) -> None:
 
 
 def run_ring_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
+    collector.settle()
     RingWorker(job, cluster, worker_id, metrics_port).run()

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from streamjoin.engine.block import Block, system_block
 from streamjoin.engine.reference import RefWindow
 from streamjoin.engine.runs import SortedRuns
-from streamjoin.engine.probe import sort_by_key_time
+from streamjoin.engine.probe import distinct, sort_by_key_time
 from streamjoin.engine.window_join import empty_window, process_batch
 from tests.unit.engine_harness import plan_for
 
@@ -117,3 +117,11 @@ def test_a_small_batch_into_a_large_window_leaves_the_large_run_alone() -> None:
     assert all(a is b for a, b in zip((runs.runs[0] for runs in window.runs), large_runs))
     assert [runs.copied for runs in window.runs] == copied  # the batch became its own run: nothing rewritten
     assert window.tuples == 2 * 50_100
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(-3, 3), max_size=20), presort=st.booleans())
+def test_distinct_is_numpys_unique_sorted_or_not(values: list[int], presort: bool) -> None:
+    """The probe's distinct keys: neighbours compared when the keys come sorted, np.unique otherwise."""
+    keys = np.array(sorted(values) if presort else values, dtype=np.int64)
+    assert distinct(keys).tolist() == sorted(set(values))
