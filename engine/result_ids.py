@@ -18,6 +18,7 @@ and anti joins) has partition and offset ABSENT (-1), hashed the same way.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
@@ -34,6 +35,7 @@ _LO_SEED = 0x84222325CBF29CE4
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 
 
+@lru_cache(maxsize=4096)  # a job has a few topics; a per-byte Python loop per block would cost more than its hashes
 def fnv1a64(text: str) -> np.uint64:
     h = _FNV_OFFSET
     for byte in text.encode():
@@ -41,41 +43,53 @@ def fnv1a64(text: str) -> np.uint64:
     return _U(h)
 
 
+# The finalisers' constants as uint64 scalars, made once: a block of a few results costs per call.
+_MIX = tuple(map(_U, (0x9E3779B97F4A7C15, 30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31)))
+_FMIX = tuple(map(_U, (0xD6E8FEB86659FD93, 33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)))
+
+
+def _finalise(x: np.ndarray, constants: tuple[np.uint64, ...]) -> np.ndarray:
+    add, shift1, mul1, shift2, mul2, shift3 = constants
+    z = x + add
+    z = (z ^ (z >> shift1)) * mul1
+    z = (z ^ (z >> shift2)) * mul2
+    return z ^ (z >> shift3)
+
+
 def mix(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser."""
     with np.errstate(over="ignore"):
-        z = x + _U(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> _U(30))) * _U(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> _U(27))) * _U(0x94D049BB133111EB)
-        return z ^ (z >> _U(31))
+        return _finalise(x, _MIX)
 
 
 def fmix(x: np.ndarray) -> np.ndarray:
     """MurmurHash3's fmix64, after adding a constant so that 0 does not map to 0."""
     with np.errstate(over="ignore"):
-        z = x + _U(0xD6E8FEB86659FD93)
-        z = (z ^ (z >> _U(33))) * _U(0xFF51AFD7ED558CCD)
-        z = (z ^ (z >> _U(33))) * _U(0xC4CEB9FE1A85EC53)
-        return z ^ (z >> _U(33))
+        return _finalise(x, _FMIX)
 
 
-def _hash(seed: int, topic_hash: Callable[[str], np.uint64], f: Callable[[np.ndarray], np.ndarray],
+def _hash(seed: int, topic_hash: Callable[[str], np.uint64], constants: tuple[np.uint64, ...],
           topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray]) -> np.ndarray:
+    """One id half; the caller ignores overflow (the arithmetic is mod 2**64 on purpose)."""
     n = len(offsets[0]) if offsets else 0
     h = np.full(n, seed, dtype=_U)
     for topic, part, off in zip(topics, partitions, offsets):
-        h = f(h ^ topic_hash(topic))
-        h = f(h ^ np.asarray(part).astype(np.int64).view(_U))
-        h = f(h ^ np.asarray(off).astype(np.int64).view(_U))
+        h = _finalise(h ^ topic_hash(topic), constants)
+        h = _finalise(h ^ np.asarray(part).astype(np.int64).view(_U), constants)
+        h = _finalise(h ^ np.asarray(off).astype(np.int64).view(_U), constants)
     return h
+
+
+def _lo_topic_hash(topic: str) -> np.uint64:
+    return fnv1a64("\x01" + topic)
 
 
 def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray],
                offsets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(hi, lo) uint64 halves of each result's id; `partitions[i]`, `offsets[i]` are stream i's refs."""
-    hi = _hash(_FNV_OFFSET, fnv1a64, mix, topics, partitions, offsets)
-    lo = _hash(_LO_SEED, lambda t: fnv1a64("\x01" + t), fmix, topics, partitions, offsets)
-    return hi, lo
+    with np.errstate(over="ignore"):  # once per call, not per step: a context costs microseconds
+        return (_hash(_FNV_OFFSET, fnv1a64, _MIX, topics, partitions, offsets),
+                _hash(_LO_SEED, _lo_topic_hash, _FMIX, topics, partitions, offsets))
 
 
 def result_head(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray],

@@ -219,10 +219,11 @@ def _one_line_objects(values: Sequence[bytes | None]) -> tuple[np.ndarray, bytes
     inside a value shows in the count, a value's first byte at its start; only values that do
     not start with `{` right away (leading blanks, or empty) are looked at one by one."""
     count = len(values)
-    if count == 0 or None in values:
-        return np.array([_one_line_object(v) for v in values], dtype=bool), None
-    joined = b"\n".join(values)  # type: ignore[arg-type]
-    if joined.count(b"\n") != count - 1 or b"\r" in joined:
+    try:
+        joined = b"\n".join(values)  # type: ignore[arg-type]
+    except TypeError:  # a None (tombstone) among them: `None in values` would cost a compare per value
+        joined = None
+    if count == 0 or joined is None or joined.count(b"\n") != count - 1 or b"\r" in joined:
         return np.array([_one_line_object(v) for v in values], dtype=bool), None
     lengths = np.fromiter(map(len, values), np.int64, count)  # type: ignore[arg-type]
     starts = np.cumsum(lengths + 1) - lengths - 1

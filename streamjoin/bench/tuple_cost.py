@@ -10,7 +10,8 @@ order and fed in batches to:
   decode   `decode_by_group` (screening, Arrow's JSON reader, routing check),
   join     `process_batch` (probe, window upkeep, expiry, result ids),
   state    staging every group's blocks and checkpoint and the RocksDB commit,
-  encode   the results as the job's JSON records and keys (what the producer gets).
+  encode   `ResultWriter.write_groups`: the results as the job's JSON records, keys and
+           produce_batch messages, handed to a producer that drops them.
 Only batches after the first window-and-a-bit count (windows full and
 expiring). Output: microseconds per input tuple per phase, their total and
 the tuples/s it comes to; `--plot` draws them beside a saved earlier run.
@@ -32,11 +33,11 @@ from typing import Callable, Iterator
 import numpy as np
 from confluent_kafka import Message
 
-from streamjoin.schemas import result_codec
 from streamjoin.services import workloads
 from streamjoin.services.worker import processor
 from streamjoin.services.worker.intake import routing_for
 from streamjoin.services.worker.main import Worker, input_topics, stream_templates
+from streamjoin.services.worker.output import Deliveries, ResultWriter
 from streamjoin.settings import JobSettings, load
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -100,6 +101,13 @@ class Clock:
         return wrapper
 
 
+class DroppingProducer:
+    """What the result writer produces to, taken and dropped: the broker is not measured here."""
+
+    def produce_batch(self, topic: str, messages: list[dict], partition: int) -> int:
+        return len(messages)
+
+
 def intake_worker(job: JobSettings) -> Worker:
     """A Worker with just what `_take` reads: the job, its input topics and every group owned."""
     worker = Worker.__new__(Worker)
@@ -123,7 +131,7 @@ def run(rate: float = 5000, seconds: int = 90, window_ms: int = 30_000, partitio
     clock = Clock()
     plan = processor.join_plan(job)
     routings = [routing_for(job, partitions) for _ in job.streams]
-    layout = result_codec.result_layout(job)
+    writer = ResultWriter(job, DroppingProducer(), Deliveries(), every_report=False)  # type: ignore[arg-type]
     worker = intake_worker(job)
     counted = results = 0
     steady = len(records) * (window_ms * 1.2 / 1000) / seconds
@@ -144,9 +152,7 @@ def run(rate: float = 5000, seconds: int = 90, window_ms: int = 30_000, partitio
                     store.stage(tx, b.group, b.state, b.appended, b.marks)
                 tx.commit()
             with clock.phase("encode"):
-                for b in batches:
-                    result_codec.encode_json(layout, b.results)
-                    result_codec.result_keys(layout, b.results)
+                writer.write_groups([(b.group, b.results) for b in batches])
             if clock.counting:
                 counted += len(batch)
                 results += sum(len(b.results) for b in batches)

@@ -1,0 +1,45 @@
+"""The one writer of results (services/worker/output.ResultWriter): a cycle's groups written
+together are the records, keys and partitions that writing each group alone gives, each
+partition's records in the same order, in every output format."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamjoin.engine.block import Block
+from streamjoin.schemas.result_codec import result_layout
+from streamjoin.services.worker.output import Deliveries, ResultWriter
+from tests.unit.test_result_codec import FMTS, blocks, jobs
+
+
+class RecordingProducer:
+    """What produce_batch was handed, per partition in order; every batch fits the queue."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, list[tuple[bytes, bytes]]] = defaultdict(list)
+
+    def produce_batch(self, topic: str, messages: list[dict], partition: int) -> int:
+        self.records[partition] += [(m["key"], m["value"]) for m in messages]
+        return len(messages)
+
+
+def _written(job, write) -> tuple[int, dict[int, list[tuple[bytes, bytes]]]]:  # type: ignore[no-untyped-def]
+    producer = RecordingProducer()
+    count = write(ResultWriter(job, producer, Deliveries(), every_report=False))  # type: ignore[arg-type]
+    return count, dict(producer.records)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), output=st.sampled_from(FMTS))
+def test_groups_written_together_are_each_group_written_alone(data: st.DataObject, output: str) -> None:
+    job = data.draw(jobs(output=output))
+    layout = result_layout(job)
+    groups = data.draw(st.lists(st.integers(0, 59), unique=True, max_size=4))
+    per_group: list[tuple[int, Block]] = [(g, data.draw(blocks(layout))) for g in groups]
+    together = _written(job, lambda writer: writer.write_groups(per_group))
+    alone = _written(job, lambda writer: sum(writer.write(block, group=g) for g, block in per_group))
+    assert together == alone
+    assert set(together[1]) == {g for g, block in per_group if len(block)}
