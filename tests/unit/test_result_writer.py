@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamjoin.engine.block import Block
 from streamjoin.schemas.result_codec import result_layout
+from streamjoin.services.worker import output
 from streamjoin.services.worker.output import Deliveries, ResultWriter
 from tests.unit.test_result_codec import FMTS, blocks, jobs
 
@@ -32,10 +34,17 @@ def _written(job, write) -> tuple[int, dict[int, list[tuple[bytes, bytes]]]]:  #
     return count, dict(producer.records)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), output=st.sampled_from(FMTS))
-def test_groups_written_together_are_each_group_written_alone(data: st.DataObject, output: str) -> None:
-    job = data.draw(jobs(output=output))
+@pytest.fixture(autouse=True)
+def small_is_three(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of up to 6 rows, some encoded together (under 3) and some alone."""
+    monkeypatch.setattr(output, "SMALL_RESULTS", 3)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(data=st.data(), fmt=st.sampled_from(FMTS))
+def test_groups_written_together_are_each_group_written_alone(data: st.DataObject, fmt: str) -> None:
+    job = data.draw(jobs(output=fmt))
     layout = result_layout(job)
     groups = data.draw(st.lists(st.integers(0, 59), unique=True, max_size=4))
     per_group: list[tuple[int, Block]] = [(g, data.draw(blocks(layout))) for g in groups]
