@@ -1,5 +1,5 @@
-"""Block columns as Arrow arrays and back, byte for byte, for the encoders
-that build whole blocks of records with Arrow compute.
+"""Block columns as Arrow arrays and back, byte for byte, and `RowText`, which builds
+many rows of records at once for the encoders (result records, keys, blocks).
 
 NumPy's fixed-width str ('U') and bytes ('S') columns end each value at its
 last non-NUL unit; `pa.array` would also cut a value at its first NUL, so
@@ -9,9 +9,13 @@ the conversions here keep interior NULs. Arrow arrays use 64-bit offsets
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from streamjoin.engine import text_kernels
 
 
 def string_array(values: np.ndarray) -> pa.LargeStringArray:
@@ -19,13 +23,11 @@ def string_array(values: np.ndarray) -> pa.LargeStringArray:
 
     values: the column; its strings must be surrogate-free (UTF-8 cannot hold lone surrogates)."""
     values = np.asarray(values)
-    if values.dtype.kind == "O":
-        return pa.array(values, pa.large_string())
-    if values.dtype.itemsize and len(values):
-        code_points = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), -1)
-        if code_points.max() < 0x80:  # ASCII, the common case: its UTF-8 is its code points as bytes
-            return _flat_units(pa.large_string(), code_points.astype(np.uint8))
-    arr = pa.array(values, pa.large_string())
+    if values.dtype.kind == "U":
+        text = RowText(pa.large_string(), len(values))
+        if text.utf8(values):
+            return text.join()
+    arr = pa.array(values, pa.large_string())  # object columns; a 'U' one that has no UTF-8 fails here
     # Arrow's NumPy 'U' conversion stops at a NUL; NumPy's own length does not: redo the few that differ.
     cut = np.strings.str_len(values) != pc.utf8_length(arr).to_numpy()
     if cut.any():
@@ -37,19 +39,106 @@ def binary_array(values: np.ndarray) -> pa.LargeBinaryArray:
     """A bytes column (NumPy 'S') as Arrow binary, byte for byte up to each value's last non-NUL byte.
 
     values: the column."""
-    n, width = len(values), values.dtype.itemsize
-    return _flat_units(pa.large_binary(), np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).reshape(n, width))
+    text = RowText(pa.large_binary(), len(values))
+    text.fixed(_units(values, np.uint8))
+    return text.join()
 
 
-def _flat_units(arrow_type: pa.DataType, units: np.ndarray) -> pa.Array:
-    """Fixed-width values (one row of `units`, uint8, per value) as an Arrow array, each value
-    ending at its last non-NUL unit, as NumPy ends them (interior NULs kept)."""
-    width = units.shape[1]
-    if width == 0:
-        return from_flat(arrow_type, np.zeros(0, np.uint8), np.zeros(len(units), np.int64))
-    nonzero = units != 0
-    lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
-    return from_flat(arrow_type, units[np.arange(width) < lengths[:, None]], lengths)
+def _units(values: np.ndarray, unit: type) -> np.ndarray:
+    """A fixed-width column as a (rows, width) array of its units ('S': uint8, 'U': uint32)."""
+    values = np.ascontiguousarray(values)
+    width = values.dtype.itemsize // np.dtype(unit).itemsize
+    return values.view(unit).reshape(len(values), width) if width else np.zeros((len(values), 0), unit)
+
+
+RUN_BYTES = 256 << 10  # records written piece by piece in runs of about this size (RowText.join)
+
+
+class RowText:
+    """Records of many rows built piece by piece, then written into one buffer by the kernels
+    of engine/text_kernels.py: bytes every row shares (merged while adjacent), or one piece
+    per row (Arrow values, int64 decimals, NumPy text).
+
+    arrow_type: what `join` returns, pa.large_string() or pa.large_binary(); rows: the row count."""
+
+    def __init__(self, arrow_type: pa.DataType, rows: int) -> None:
+        self.arrow_type, self.rows = arrow_type, rows
+        self.lengths = np.zeros(rows, np.uint64)  # each row's bytes so far
+        self.writers: list[tuple[Callable[..., None], tuple]] = []  # (kernel, its arguments after out and cursor)
+        self.literal = b""
+
+    def same(self, piece: str | bytes) -> None:
+        """Append what every row has here. piece: text (UTF-8) or bytes."""
+        self.literal += piece.encode() if isinstance(piece, str) else piece
+
+    def each(self, values: pa.Array) -> None:
+        """Append one piece per row. values: a binary-like Arrow array without nulls, one value per row."""
+        data, offsets = flat(values)
+        self._add(np.diff(offsets).view(np.uint64), text_kernels.put_flat, data, offsets.view(np.uint64))
+
+    def decimal(self, values: np.ndarray) -> None:
+        """Append each row's integer as decimal text. values: integers (int64 range), one per row."""
+        values = np.ascontiguousarray(values, np.int64)
+        self._add(text_kernels.decimal_lengths(values), text_kernels.put_decimal, values)
+
+    def hex(self, values: np.ndarray) -> None:
+        """Append each row's value as 16 lowercase hex digits. values: uint64, one per row."""
+        self._add(np.full(self.rows, 16, np.uint64), text_kernels.put_hex, np.ascontiguousarray(values, np.uint64))
+
+    def utf8(self, values: np.ndarray, json_escape: bool = False) -> bool:
+        """Append each row's text of a NumPy 'U' column as UTF-8 (escaped for a JSON string
+        literal where asked, as json.dumps(ensure_ascii=False) escapes), each value ending at its
+        last non-NUL character. Returns False, appending nothing, if a value has no UTF-8 (a lone
+        surrogate).
+
+        values: the 'U' column, one value per row."""
+        code_points = _units(values, np.uint32)
+        lengths, encodable = text_kernels.utf8_lengths(code_points, json_escape)
+        if encodable:
+            self._add(lengths, text_kernels.put_utf8, code_points, lengths, json_escape)
+        return encodable
+
+    def fixed(self, units: np.ndarray) -> None:
+        """Append each row's value of a fixed-width column, up to its last non-NUL unit.
+
+        units: (rows, width) unsigned integers below 256 (a 'S' column as uint8)."""
+        lengths = text_kernels.fixed_lengths(units)
+        self._add(lengths, text_kernels.put_fixed, units, lengths)
+
+    def _add(self, lengths: np.ndarray, kernel: Callable[..., None], *args: object) -> None:
+        """Append a piece: `lengths` bytes per row, that kernel(out, cursor, *args) writes."""
+        self._flush()
+        self.lengths += lengths
+        self.writers.append((kernel, args))
+
+    def _flush(self) -> None:
+        if self.literal:
+            literal = np.frombuffer(self.literal, np.uint8)
+            self.lengths += np.uint64(len(literal))
+            self.writers.append((text_kernels.put_literal, (literal,)))
+            self.literal = b""
+
+    def join(self) -> pa.Array:
+        """The records, one per row, as an Arrow array of `arrow_type`."""
+        self._flush()
+        offsets = np.zeros(self.rows + 1, np.uint64)
+        np.cumsum(self.lengths, out=offsets[1:])
+        out = np.empty(int(offsets[-1]), np.uint8)
+        cursor = offsets[:-1].copy()
+        for start, stop in _runs(offsets):
+            for kernel, args in self.writers:
+                kernel(out, cursor, start, stop, *args)
+        return pa.Array.from_buffers(self.arrow_type, self.rows, [None, pa.py_buffer(offsets.view(np.int64)),
+                                                                  pa.py_buffer(out)])
+
+
+def _runs(offsets: np.ndarray) -> list[tuple[int, int]]:
+    """Rows [start, stop) whose records fill about RUN_BYTES each: every piece is written over a
+    run before the next, so a run's bytes stay in the core's cache between pieces (writing each
+    piece over a whole block took up to twice as long once a block outgrew the cache)."""
+    cuts = np.searchsorted(offsets, np.arange(RUN_BYTES, int(offsets[-1]), RUN_BYTES, dtype=np.uint64))
+    bounds = [0, *np.unique(cuts).tolist(), len(offsets) - 1]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def from_flat(arrow_type: pa.DataType, data: np.ndarray, lengths: np.ndarray) -> pa.Array:

@@ -5,9 +5,10 @@ high-rate internal consumers (`output.format`).
 Every encoder takes a whole result block (engine/window_join.py's columns:
 result_id_hi, result_id_lo, event_time, produced_ms, then per stream
 `s.partition`, `s.offset`, `s.ts`, `s.<field>`) and builds all its records at
-once: per-row pieces are Arrow arrays, the text or bytes that every row shares
-are scalars, and Arrow's `binary_join_element_wise` concatenates them row by
-row in C++. The only per-row Python step is handing the records over as bytes.
+once (columns.RowText): the text or bytes every row shares, and per-row pieces
+(decimal integers, UTF-8 of NumPy text, Arrow arrays) that numba kernels write
+row by row into one buffer. The only per-row Python step is handing the records
+over as bytes.
 
 JSON value (compact, keys in this order):
   {"result_id":"<32 hex>","event_time":T,"produced_ms":t,
@@ -53,8 +54,8 @@ from streamjoin.engine.outer import optional_streams
 from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO,
                                           parse_result_id_hex, result_id_hex)
 from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
-from streamjoin.schemas.columns import (base64_decode, base64_encode, binary_array, fixed_width_array, flat, from_flat,
-                                        string_array, to_bytes_list)
+from streamjoin.schemas.columns import (RowText, base64_decode, base64_encode, binary_array, fixed_width_array, flat,
+                                        from_flat, string_array, to_bytes_list)
 from streamjoin.settings import FieldType, JobSettings
 from streamjoin.topology.partitioner import key_text
 
@@ -138,48 +139,19 @@ def _split_offsets(stream: StreamLayout, tuple_offsets: np.ndarray) -> tuple[np.
 # ------------------------------------------------------------ row assembly
 
 
-class _Rows:
-    """Every row's record as a sequence of pieces: the same bytes for every row
-    (literals, merged while adjacent) or one value per row (Arrow arrays)."""
+def _member(rows: RowText, present: pa.BooleanArray | None, write: Callable[[RowText], None],
+            absent: str | bytes) -> None:
+    """Append one member's piece: what `write` appends, or `absent` in the rows without it.
 
-    def __init__(self, arrow_type: pa.DataType) -> None:
-        """arrow_type: pa.large_string() (JSON text) or pa.large_binary() (Avro bytes)."""
-        self.arrow_type = arrow_type
-        self.pieces: list[pa.Array | pa.Scalar] = []
-        self.literal = b""
-
-    def same(self, piece: str | bytes) -> None:
-        """Append what every row has here. piece: text (UTF-8) or bytes."""
-        self.literal += piece.encode() if isinstance(piece, str) else piece
-
-    def each(self, values: pa.Array) -> None:
-        """Append one piece per row. values: large_string or large_binary array (cast to the record's type)."""
-        self._flush()
-        self.pieces.append(values.cast(self.arrow_type))
-
-    def _flush(self) -> None:
-        if self.literal:
-            text = self.literal.decode() if self.arrow_type == pa.large_string() else self.literal
-            self.pieces.append(pa.scalar(text, self.arrow_type))
-            self.literal = b""
-
-    def join(self) -> pa.Array | pa.Scalar:
-        """The records, one per row (a scalar if every piece is the same for every row)."""
-        self._flush()
-        return pc.binary_join_element_wise(*self.pieces, pa.scalar(b"" if self.arrow_type == pa.large_binary()
-                                                                   else "", self.arrow_type))
-
-    def member(self, present: pa.BooleanArray | None, write: Callable[[_Rows], None], absent: str | bytes) -> None:
-        """Append one member's piece: what `write` appends, or `absent` in the rows without it.
-
-        present: `_present`'s mask (None: every row has the member, so `write` appends here directly);
-        write: appends the member's pieces to the _Rows it is given; absent: the piece of an absent member."""
-        if present is None:
-            write(self)
-            return
-        own = _Rows(self.arrow_type)  # the member alone, one piece per row, to choose by row
-        write(own)
-        self.each(pc.if_else(present, own.join(), pa.scalar(absent, self.arrow_type)))
+    rows: the records being built; present: `_present`'s mask (None: every row has the member, so
+    `write` appends to `rows` directly); write: appends the member's pieces to the RowText it is
+    given; absent: the piece of an absent member."""
+    if present is None:
+        write(rows)
+        return
+    own = RowText(rows.arrow_type, rows.rows)  # the member alone, one piece per row, to choose by row
+    write(own)
+    rows.each(pc.if_else(present, own.join(), pa.scalar(absent, rows.arrow_type)))
 
 
 def _hex_ids(block: Block) -> pa.LargeStringArray:
@@ -212,30 +184,29 @@ def _json_text(values: pa.LargeStringArray) -> pa.LargeStringArray:
     return pc.replace_with_mask(values, pa.array(rows), escaped)
 
 
-def _int_text(values: np.ndarray) -> pa.LargeStringArray:
-    return pa.array(np.asarray(values, np.int64)).cast(pa.large_string())
-
-
-def _float_text(values: np.ndarray) -> pa.LargeStringArray:
-    """Shortest round-trip text, as Python's repr (NumPy's float-to-str cast is the same
+def _float_text(values: np.ndarray) -> np.ndarray:
+    """Shortest round-trip text ('U'), as Python's repr (NumPy's float-to-str cast is the same
     algorithm, in C), so integral values keep their ".0"; NaN and infinities are null."""
     values = np.asarray(values, np.float64)
-    text = pa.array(values.astype(str), pa.large_string())
+    text = values.astype(str)
     finite = np.isfinite(values)
-    return text if finite.all() else pc.if_else(pa.array(finite), text, pa.scalar("null", pa.large_string()))
+    return text if finite.all() else np.where(finite, text, "null")
 
 
-def _json_value(rows: _Rows, values: np.ndarray, ftype: FieldType) -> None:
+def _json_value(rows: RowText, values: np.ndarray, ftype: FieldType) -> None:
     """Append one field's JSON values. values: the block column; ftype: its field type."""
     if ftype == "int":
-        rows.each(_int_text(values))
+        rows.decimal(values)
     elif ftype == "float":
-        rows.each(_float_text(values))
+        rows.utf8(_float_text(values))  # ASCII: it always has UTF-8
     elif ftype == "bool":
         rows.each(pa.array(np.asarray(values, np.bool_)).cast(pa.large_string()))
     else:
         rows.same('"')
-        rows.each(_json_text(string_array(values)) if ftype == "str" else base64_encode(binary_array(values)))
+        if ftype == "bytes":
+            rows.each(base64_encode(binary_array(values)))
+        elif values.dtype.kind != "U" or not rows.utf8(values, json_escape=True):  # object text, or no UTF-8
+            rows.each(_json_text(string_array(values)))
         rows.same('"')
 
 
@@ -243,20 +214,20 @@ def _quoted(name: str) -> str:
     return json.dumps(name, ensure_ascii=False)
 
 
-def _json_ref(rows: _Rows, stream: StreamLayout, block: Block) -> None:
+def _json_ref(rows: RowText, stream: StreamLayout, block: Block) -> None:
     """Append one stream's ref object. stream: its layout; block: a result block."""
     offsets, index = _split_offsets(stream, block[f"{stream.name}.offset"])
     rows.same(f'{{"topic":{_quoted(stream.topic)},"partition":')
-    rows.each(_int_text(block[f"{stream.name}.partition"]))
+    rows.decimal(block[f"{stream.name}.partition"])
     rows.same(',"offset":')
-    rows.each(_int_text(offsets))
+    rows.decimal(offsets)
     if index is not None:
         rows.same(',"index":')
-        rows.each(_int_text(index))
+        rows.decimal(index)
     rows.same("}")
 
 
-def _json_fields(rows: _Rows, stream: StreamLayout, block: Block) -> None:
+def _json_fields(rows: RowText, stream: StreamLayout, block: Block) -> None:
     """Append one stream's fields object. stream: its layout; block: a result block."""
     rows.same("{")
     for j, (field, ftype) in enumerate(stream.fields):
@@ -265,11 +236,11 @@ def _json_fields(rows: _Rows, stream: StreamLayout, block: Block) -> None:
     rows.same("}")
 
 
-def _json_inputs(rows: _Rows, layout: ResultLayout, block: Block) -> None:
+def _json_inputs(rows: RowText, layout: ResultLayout, block: Block) -> None:
     rows.same(',"inputs":{')
     for i, s in enumerate(layout.streams):
         rows.same(f'{"," if i else ""}{_quoted(s.name)}:')
-        rows.member(_present(s, block), partial(_json_ref, stream=s, block=block), "null")
+        _member(rows, _present(s, block), partial(_json_ref, stream=s, block=block), "null")
     rows.same("}")
 
 
@@ -277,17 +248,18 @@ def json_documents(layout: ResultLayout, block: Block) -> pa.LargeStringArray:
     """The JSON value of every result, as an Arrow string array.
 
     layout: the job's `result_layout`; block: a result block (extra columns are ignored)."""
-    rows = _Rows(pa.large_string())
+    rows = RowText(pa.large_string(), len(block))
     rows.same('{"result_id":"')
-    rows.each(_hex_ids(block))
+    rows.hex(block[RESULT_ID_HI])  # the id's 32 hex digits (result_id_hex), hi first
+    rows.hex(block[RESULT_ID_LO])
     rows.same('","event_time":')
-    rows.each(_int_text(block[EVENT_TIME]))
+    rows.decimal(block[EVENT_TIME])
     rows.same(',"produced_ms":')
-    rows.each(_int_text(block[PRODUCED_MS]))
+    rows.decimal(block[PRODUCED_MS])
     _json_inputs(rows, layout, block)
     for s in layout.streams:
         rows.same(f",{_quoted(s.name)}:")
-        rows.member(_present(s, block), partial(_json_fields, stream=s, block=block), "null")
+        _member(rows, _present(s, block), partial(_json_fields, stream=s, block=block), "null")
     rows.same("}")
     return rows.join()
 
@@ -342,7 +314,7 @@ def _avro_lengths(values: pa.Array) -> pa.LargeBinaryArray:
     return _varints(np.diff(offsets))
 
 
-def _avro_value(rows: _Rows, values: np.ndarray, ftype: FieldType) -> None:
+def _avro_value(rows: RowText, values: np.ndarray, ftype: FieldType) -> None:
     """Append one field's Avro encoding. values: the block column; ftype: its field type."""
     n = len(values)
     if ftype == "int":
@@ -367,7 +339,7 @@ def _avro_literal_string(text: str) -> bytes:
     return _varint(len(raw)) + raw
 
 
-def _avro_ref(rows: _Rows, stream: StreamLayout, block: Block) -> None:
+def _avro_ref(rows: RowText, stream: StreamLayout, block: Block) -> None:
     """Append one stream's ref record. stream: its layout; block: a result block."""
     offsets, index = _split_offsets(stream, block[f"{stream.name}.offset"])
     rows.same(_avro_literal_string(stream.topic))
@@ -377,33 +349,34 @@ def _avro_ref(rows: _Rows, stream: StreamLayout, block: Block) -> None:
         rows.each(_varints(index))
 
 
-def _avro_fields(rows: _Rows, stream: StreamLayout, block: Block) -> None:
+def _avro_fields(rows: RowText, stream: StreamLayout, block: Block) -> None:
     """Append one stream's fields record. stream: its layout; block: a result block."""
     for field, ftype in stream.fields:
         _avro_value(rows, block[f"{stream.name}.{field}"], ftype)
 
 
-def _avro_member(rows: _Rows, stream: StreamLayout, block: Block, write: Callable[[_Rows], None]) -> None:
+def _avro_member(rows: RowText, stream: StreamLayout, block: Block, write: Callable[[RowText], None]) -> None:
     """Append one member (ref or fields record) that `write` appends; an optional stream's goes
     in its union: branch 1 then the record, or branch 0 (null) in the rows without it."""
     if not stream.optional:
         write(rows)
         return
 
-    def branch(r: _Rows) -> None:
+    def branch(r: RowText) -> None:
         r.same(_AVRO_RECORD)
         write(r)
 
-    rows.member(_present(stream, block), branch, _AVRO_NULL)
+    _member(rows, _present(stream, block), branch, _AVRO_NULL)
 
 
 def avro_values(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
     """The schemaless Avro value of every result, as an Arrow binary array.
 
     layout: the job's `result_layout`; block: a result block."""
-    rows = _Rows(pa.large_binary())
+    rows = RowText(pa.large_binary(), len(block))
     rows.same(_varint(32))  # the id's length prefix
-    rows.each(_hex_ids(block))
+    rows.hex(block[RESULT_ID_HI])
+    rows.hex(block[RESULT_ID_LO])
     rows.each(_varints(block[EVENT_TIME]))
     rows.each(_varints(block[PRODUCED_MS]))
     for s in layout.streams:
