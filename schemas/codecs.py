@@ -4,8 +4,9 @@ Per-record formats (what ordinary producers write): JSON and Avro, one tuple
 per record. Block format (high-rate producers and every internal hop): one
 Arrow IPC stream per record holding many tuples.
 
-JSON is decoded a whole poll at a time by Arrow's C++ JSON reader; only when
-that fails does the slow path find the records Arrow refuses (bisecting, with
+JSON is decoded a whole poll at a time: in its plainest spelling (flat objects
+of int and str fields, no whitespace or escapes) by a numba scanner
+(engine/json_scan.py), otherwise by Arrow's C++ JSON reader; only when that fails does the slow path find the records Arrow refuses (bisecting, with
 Python's json to sort and word the reasons; Arrow alone judges, as the two
 disagree at the edges: integers past int64, invalid UTF-8, deep nesting,
 several values on one line). Avro rows go to Arrow the same way. Rows that
@@ -20,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import fastavro
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
+from streamjoin.engine import json_scan
 from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, system_block
 from streamjoin.schemas.columns import binary_array, fixed_width_array, string_array
 from streamjoin.settings import StreamSpec
@@ -200,15 +203,58 @@ def _parse_json(spec: StreamSpec, values: Sequence[bytes]) -> pa.Table:
 
 
 def _parse_lines(spec: StreamSpec, lines: bytes, count: int) -> pa.Table:
-    """One row per line of `lines` (`count` records joined by LF), or raises. Arrow's reader
+    """One row per line of `lines` (`count` records joined by LF), or raises. Lines in the
+    plainest spelling are read by engine/json_scan.py; any other batch by Arrow, whose reader
     splits lines at CR as well as LF and reads `{..} {..}` as two rows, so the row count is
     checked; it also lets invalid UTF-8 into string columns, so the table is validated."""
+    plain = _plain_table(spec, lines, count)
+    if plain is not None:
+        return plain
     opts = pajson.ParseOptions(explicit_schema=arrow_schema(spec), unexpected_field_behavior="ignore")
     table = pajson.read_json(io.BytesIO(lines), parse_options=opts)
     if table.num_rows != count:
         raise _Unparsable(f"{table.num_rows} JSON values in {count} records")
     table.validate(full=True)
     return table
+
+
+@lru_cache(maxsize=256)
+def _plain_fields(fields: tuple[tuple[str, str], ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """json_scan's view of a stream's fields (names end to end, their offsets, kinds), or None
+    where its plain form cannot hold them: a field of another type than int or str, a name
+    JSON would escape, more than json_scan.MAX_FIELDS fields.
+
+    fields: the stream's (name, field type) pairs, in order."""
+    kinds = {"int": json_scan.INT, "str": json_scan.STR}
+    names = [name.encode() for name, _ in fields]
+    if (len(fields) > json_scan.MAX_FIELDS or any(t not in kinds for _, t in fields)
+            or any(json.dumps(name) != f'"{name}"' or not name.isascii() for name, _ in fields)):
+        return None
+    offsets = np.zeros(len(names) + 1, np.int64)
+    np.cumsum([len(n) for n in names], out=offsets[1:])
+    return (np.frombuffer(b"".join(names), np.uint8).copy(), offsets,
+            np.array([kinds[t] for _, t in fields], np.int64))
+
+
+def _plain_table(spec: StreamSpec, lines: bytes, count: int) -> pa.Table | None:
+    """The table of `count` LF-joined lines when every one is a plain flat object of the stream's
+    fields (engine/json_scan.py), else None: Arrow reads the batch."""
+    plain = _plain_fields(tuple(spec.fields.items()))
+    if plain is None or not count or len(lines) >= 1 << 31:  # a str column's offsets are int32
+        return None
+    data = np.frombuffer(lines, np.uint8)
+    read, ints, starts, ends = json_scan.scan_lines(data, count, *plain)
+    if not read:
+        return None
+    columns = []
+    for field, ftype in enumerate(spec.fields.values()):
+        if ftype == "int":
+            columns.append(pa.array(ints[field]))
+        else:
+            text, offsets = json_scan.gather(data, starts[field], ends[field])
+            columns.append(pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                                      pa.py_buffer(text)]))
+    return pa.Table.from_arrays(columns, schema=arrow_schema(spec))
 
 
 def _one_line_objects(values: Sequence[bytes | None]) -> tuple[np.ndarray, bytes | None]:

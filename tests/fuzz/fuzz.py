@@ -22,7 +22,8 @@ import pandas  # noqa: F401
 import pyarrow  # noqa: F401
 import pyarrow.json  # noqa: F401
 
-# numba compiles the text kernels from their bytecode, which instrumented bytecode is not: loaded plain.
+# numba compiles its kernels from their bytecode, which instrumented bytecode is not: loaded plain.
+import streamjoin.engine.json_scan  # noqa: F401
 import streamjoin.engine.text_kernels  # noqa: F401
 
 with atheris.instrument_imports(include=["streamjoin"]):
