@@ -19,9 +19,11 @@ and anti joins) has partition and offset ABSENT (-1), hashed the same way.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
+
+from streamjoin.engine import hash_kernels
 
 RESULT_ID_HI, RESULT_ID_LO = "result_id_hi", "result_id_lo"  # block columns (uint64)
 # The partition and offset of a member a null-padded result (outer, semi, anti joins) lacks:
@@ -43,9 +45,9 @@ def fnv1a64(text: str) -> np.uint64:
     return _U(h)
 
 
-# The finalisers' constants as uint64 scalars, made once: a block of a few results costs per call.
-_MIX = tuple(map(_U, (0x9E3779B97F4A7C15, 30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31)))
-_FMIX = tuple(map(_U, (0xD6E8FEB86659FD93, 33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)))
+# The finalisers' constants (add, shift, multiply, shift, multiply, shift), for the kernels and mix/fmix.
+_MIX = np.array([0x9E3779B97F4A7C15, 30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31], _U)
+_FMIX = np.array([0xD6E8FEB86659FD93, 33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33], _U)
 
 
 def _finalise(x: np.ndarray, constants: tuple[np.uint64, ...]) -> np.ndarray:
@@ -68,28 +70,24 @@ def fmix(x: np.ndarray) -> np.ndarray:
         return _finalise(x, _FMIX)
 
 
-def _hash(seed: int, topic_hash: Callable[[str], np.uint64], constants: tuple[np.uint64, ...],
-          topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray]) -> np.ndarray:
-    """One id half; the caller ignores overflow (the arithmetic is mod 2**64 on purpose)."""
-    n = len(offsets[0]) if offsets else 0
-    h = np.full(n, seed, dtype=_U)
-    for topic, part, off in zip(topics, partitions, offsets):
-        h = _finalise(h ^ topic_hash(topic), constants)
-        h = _finalise(h ^ np.asarray(part).astype(np.int64).view(_U), constants)
-        h = _finalise(h ^ np.asarray(off).astype(np.int64).view(_U), constants)
-    return h
-
-
-def _lo_topic_hash(topic: str) -> np.uint64:
-    return fnv1a64("\x01" + topic)
+def _refs(columns: Sequence[np.ndarray], rows: int) -> np.ndarray:
+    """Streams' partitions or offsets as one (streams, rows) uint64 array of their int64 bits."""
+    refs = np.empty((len(columns), rows), np.int64)
+    for stream, column in enumerate(columns):
+        refs[stream] = column
+    return refs.view(_U)
 
 
 def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray],
                offsets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(hi, lo) uint64 halves of each result's id; `partitions[i]`, `offsets[i]` are stream i's refs."""
-    with np.errstate(over="ignore"):  # once per call, not per step: a context costs microseconds
-        return (_hash(_FNV_OFFSET, fnv1a64, _MIX, topics, partitions, offsets),
-                _hash(_LO_SEED, _lo_topic_hash, _FMIX, topics, partitions, offsets))
+    """(hi, lo) uint64 halves of each result's id; `partitions[i]`, `offsets[i]` are stream i's refs.
+    Both halves are one numba loop each (engine/hash_kernels.id_half)."""
+    rows = len(offsets[0]) if len(offsets) else 0
+    parts, offs = _refs(partitions, rows), _refs(offsets, rows)
+    hi_topics = np.array([fnv1a64(t) for t in topics], _U)
+    lo_topics = np.array([fnv1a64("\x01" + t) for t in topics], _U)
+    return (hash_kernels.id_half(_U(_FNV_OFFSET), hi_topics, _MIX, parts, offs),
+            hash_kernels.id_half(_U(_LO_SEED), lo_topics, _FMIX, parts, offs))
 
 
 def result_head(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray],
