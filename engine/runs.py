@@ -21,10 +21,12 @@ from functools import cached_property
 
 import numpy as np
 
+from streamjoin.engine import row_kernels
 from streamjoin.engine.block import KEY, OFF, TS, Block, concat
 from streamjoin.engine.probe import distinct, expand_ranges, key_ranges, sort_by_key_time
 
 RATIO = 2  # a run is at least this many times the live size of the next (newer) one
+_NUMPY_WIDTH = 8  # bytes a row up to which NumPy's own assignment merges a column as fast as a row kernel
 NO_FLOOR = np.iinfo(np.int64).min
 
 
@@ -78,8 +80,15 @@ def merge_runs(older: Run, newer: Run) -> Run:
 
 
 def _interleave(old: np.ndarray, from_older: np.ndarray, new: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """One column of the merged run: `old` where `from_older` is set, `new` at `at`."""
+    """One column of the merged run: `old` where `from_older` is set, `new` at `at` (ascending).
+    Wide columns of one dtype (text) move as rows of bytes in one pass (engine/row_kernels.py)."""
     out = np.empty(len(from_older), dtype=np.promote_types(old.dtype, new.dtype))
+    if old.dtype == new.dtype and old.dtype.itemsize > _NUMPY_WIDTH and old.dtype.kind != "O":
+        width = old.dtype.itemsize
+        row_kernels.interleave_rows(np.ascontiguousarray(old).view(np.uint8).reshape(len(old), width),
+                                    np.ascontiguousarray(new).view(np.uint8).reshape(len(new), width), at,
+                                    out.view(np.uint8).reshape(len(out), width))
+        return out
     out[from_older], out[at] = old, new
     return out
 

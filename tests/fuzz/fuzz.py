@@ -25,6 +25,7 @@ import pyarrow.json  # noqa: F401
 # numba compiles its kernels from their bytecode, which instrumented bytecode is not: loaded plain.
 import streamjoin.engine.hash_kernels  # noqa: F401
 import streamjoin.engine.json_scan  # noqa: F401
+import streamjoin.engine.row_kernels  # noqa: F401
 import streamjoin.engine.text_kernels  # noqa: F401
 
 with atheris.instrument_imports(include=["streamjoin"]):

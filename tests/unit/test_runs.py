@@ -20,14 +20,22 @@ from tests.unit.engine_harness import plan_for
 Row = tuple[int, int, int, int]  # key, ts, off, arrival number (the order ties keep)
 
 
+def _text(numbers: np.ndarray) -> np.ndarray:
+    """A wide text column ('U', moved as rows of bytes by merges) that spells each arrival number."""
+    return np.array([f"#{n}" * (1 + n % 3) for n in numbers.tolist()], dtype="U24")
+
+
 def _block(rows: list[Row]) -> Block:
-    """Rows as a stream block sorted by (key, ts, off); `v` carries each row's arrival number."""
+    """Rows as a stream block sorted by (key, ts, off); `v` carries each row's arrival number,
+    and `t` the same as text."""
     cols = np.array(rows, dtype=np.int64).reshape(-1, 4)
-    block = system_block(cols[:, 0], cols[:, 1], np.zeros(len(rows)), cols[:, 2], cols[:, 1], {"v": cols[:, 3]})
+    block = system_block(cols[:, 0], cols[:, 1], np.zeros(len(rows)), cols[:, 2], cols[:, 1],
+                         {"v": cols[:, 3], "t": _text(cols[:, 3])})
     return sort_by_key_time(block)
 
 
 def _rows(block: Block) -> list[Row]:
+    assert block["t"].tolist() == _text(block["v"]).tolist()  # text columns move with their rows
     return list(zip(*(block[c].tolist() for c in ("_key", "_ts", "_off", "v"))))
 
 
