@@ -6,7 +6,8 @@ Arrow IPC stream per record holding many tuples.
 
 JSON is decoded a whole poll at a time: in its plainest spelling (flat objects
 of int and str fields, no whitespace or escapes) by a numba scanner
-(engine/json_scan.py), otherwise by Arrow's C++ JSON reader; only when that fails does the slow path find the records Arrow refuses (bisecting, with
+(engine/json_scan.py), otherwise by Arrow's C++ JSON reader; only when that
+fails does the slow path find the records Arrow refuses (bisecting, with
 Python's json to sort and word the reasons; Arrow alone judges, as the two
 disagree at the edges: integers past int64, invalid UTF-8, deep nesting,
 several values on one line). Avro rows go to Arrow the same way. Rows that
