@@ -236,9 +236,17 @@ def wait_routed(job: JobSettings, bootstrap: str, work_dir: Path, timeout: float
             done = _router_offsets(job, bootstrap, results)
             if all(done.get(k, -1) >= end for k, end in ends.items() if end > 0):
                 break
+            if _retired(job, cluster, record.job):  # retired meanwhile: done, as above
+                break
             time.sleep(0.5)
         else:
             raise TimeoutError(f"router did not route {version.job}'s results")
+
+
+def _retired(job: JobSettings, cluster: kafka.Cluster, version: str) -> bool:
+    """Whether the registry now holds operator version `version` as retired."""
+    _, versions = Registry(job, cluster).load()
+    return any(record.job == version and record.retired for record in versions.values())
 
 
 def _records(bootstrap: str, names: list[str]) -> int:
