@@ -52,7 +52,7 @@ import pyarrow.json as pajson
 from streamjoin.engine.block import Block
 from streamjoin.engine.outer import optional_streams
 from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO,
-                                          parse_result_id_hex, result_id_hex)
+                                          parse_result_id_hex)
 from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
 from streamjoin.schemas.columns import (RowText, base64_decode, base64_encode, binary_array, fixed_width_array, flat,
                                         from_flat, string_array, to_bytes_list)
@@ -154,10 +154,17 @@ def _member(rows: RowText, present: pa.BooleanArray | None, write: Callable[[Row
     rows.each(pc.if_else(present, own.join(), pa.scalar(absent, rows.arrow_type)))
 
 
+def _put_hex_id(rows: RowText, block: Block) -> None:
+    """Append each result's id as its 32 hex digits (`result_id_hex`'s text), hi first."""
+    rows.hex(block[RESULT_ID_HI])
+    rows.hex(block[RESULT_ID_LO])
+
+
 def _hex_ids(block: Block) -> pa.LargeStringArray:
     """The 32-hex result ids (ASCII) as an Arrow string array, without a per-row step."""
-    ids = result_id_hex(block[RESULT_ID_HI], block[RESULT_ID_LO])
-    return from_flat(pa.large_string(), ids.view(np.uint8), np.full(len(ids), 32, np.int64))
+    rows = RowText(pa.large_string(), len(block))
+    _put_hex_id(rows, block)
+    return rows.join()
 
 
 # -------------------------------------------------------------------- JSON
@@ -250,8 +257,7 @@ def json_documents(layout: ResultLayout, block: Block) -> pa.LargeStringArray:
     layout: the job's `result_layout`; block: a result block (extra columns are ignored)."""
     rows = RowText(pa.large_string(), len(block))
     rows.same('{"result_id":"')
-    rows.hex(block[RESULT_ID_HI])  # the id's 32 hex digits (result_id_hex), hi first
-    rows.hex(block[RESULT_ID_LO])
+    _put_hex_id(rows, block)
     rows.same('","event_time":')
     rows.decimal(block[EVENT_TIME])
     rows.same(',"produced_ms":')
@@ -375,8 +381,7 @@ def avro_values(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
     layout: the job's `result_layout`; block: a result block."""
     rows = RowText(pa.large_binary(), len(block))
     rows.same(_varint(32))  # the id's length prefix
-    rows.hex(block[RESULT_ID_HI])
-    rows.hex(block[RESULT_ID_LO])
+    _put_hex_id(rows, block)
     rows.each(_varints(block[EVENT_TIME]))
     rows.each(_varints(block[PRODUCED_MS]))
     for s in layout.streams:
