@@ -8,8 +8,9 @@
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from streamjoin.engine.jit import kernel
 
 __all__ = ["murmur2_flat", "id_half"]
 
@@ -17,7 +18,7 @@ _SEED, _M, _MASK = np.uint64(0x9747B28C), np.uint64(0x5BD1E995), np.uint64(0xFFF
 _8, _13, _15, _16, _24 = np.uint64(8), np.uint64(13), np.uint64(15), np.uint64(16), np.uint64(24)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def murmur2_flat(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Kafka's `Utils.murmur2` (seed 0x9747b28c) of every key, as uint32 (view it as int32 for
     Kafka's signed value).
@@ -52,7 +53,7 @@ def murmur2_flat(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return hashes
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _finalise(x: np.uint64, constants: np.ndarray) -> np.uint64:
     z = x + constants[0]
     z = (z ^ (z >> constants[1])) * constants[2]
@@ -60,7 +61,7 @@ def _finalise(x: np.uint64, constants: np.ndarray) -> np.uint64:
     return z ^ (z >> constants[5])
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def id_half(seed: np.uint64, topic_hashes: np.ndarray, constants: np.ndarray, partitions: np.ndarray,
             offsets: np.ndarray) -> np.ndarray:
     """One half of every result's id (engine/result_ids.py's formula): per row, from `seed`, for

@@ -16,8 +16,9 @@ a str value is `"` then printable ASCII other than `"` and backslash, then `"`.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from streamjoin.engine.jit import kernel
 
 __all__ = ["INT", "STR", "MAX_FIELDS", "scan_lines", "gather"]
 
@@ -28,7 +29,7 @@ _QUOTE, _BACKSLASH, _COLON, _COMMA, _OPEN, _CLOSE, _MINUS, _NEWLINE = 0x22, 0x5C
 _ZERO_DIGIT, _NINE = 0x30, 0x39
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _field_of(data: np.ndarray, start: int, end: int, names: np.ndarray, name_offsets: np.ndarray) -> int:
     """The field whose name is data[start:end], or -1."""
     for field in range(len(name_offsets) - 1):
@@ -45,7 +46,7 @@ def _field_of(data: np.ndarray, start: int, end: int, names: np.ndarray, name_of
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _plain_string_end(data: np.ndarray, at: int) -> int:
     """Where the plain string whose first byte is data[at] ends (its closing quote), or -1 if it
     holds a backslash, a control character or a non-ASCII byte, or never closes."""
@@ -59,7 +60,7 @@ def _plain_string_end(data: np.ndarray, at: int) -> int:
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _integer(data: np.ndarray, at: int) -> tuple[int, int]:
     """(value, position after it) of the plain integer at data[at], or (0, -1)."""
     negative = at < len(data) and data[at] == _MINUS
@@ -76,7 +77,7 @@ def _integer(data: np.ndarray, at: int) -> tuple[int, int]:
     return (-value if negative else value), at
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def scan_lines(data: np.ndarray, count: int, names: np.ndarray, name_offsets: np.ndarray, kinds: np.ndarray
                ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
     """Read `count` LF-separated lines of `data`, each a plain flat object (module docstring).
@@ -143,7 +144,7 @@ def scan_lines(data: np.ndarray, count: int, names: np.ndarray, name_offsets: np
     return at == size, ints, starts, ends
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def gather(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the values data[starts[i]:ends[i]] end to end, their offsets: len(starts) + 1, from 0)."""
     offsets = np.zeros(len(starts) + 1, np.int64)

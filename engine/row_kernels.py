@@ -7,13 +7,14 @@ as one pass here. Numeric columns stay with NumPy (4 ns a row either way)."""
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from streamjoin.engine.jit import kernel
 
 __all__ = ["interleave_rows"]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def interleave_rows(old: np.ndarray, new: np.ndarray, at: np.ndarray, out: np.ndarray) -> None:
     """Fill `out` with the rows of `new` at the positions `at` and the rows of `old`, in order,
     everywhere else.

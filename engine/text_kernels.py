@@ -18,8 +18,9 @@ wrap-around), which made the byte loops ten times slower (measured).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from streamjoin.engine.jit import kernel
 
 __all__ = ["utf8_lengths", "put_utf8", "fixed_lengths", "put_fixed", "decimal_lengths", "put_decimal", "put_hex",
            "put_literal", "put_flat"]
@@ -36,12 +37,12 @@ _NOT_UTF8 = -1  # a lone surrogate or a value past U+10FFFF: no UTF-8 exists
 _ZERO, _ONE, _TWO, _TEN, _HUNDRED = np.uint64(0), np.uint64(1), np.uint64(2), np.uint64(10), np.uint64(100)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _escaped(code: int) -> bool:
     return code < 0x20 or code == 0x22 or code == 0x5C
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _code_width(code: int, json_escape: bool) -> int:
     """Bytes the code point takes in UTF-8 (escaped for a JSON string where asked), or _NOT_UTF8."""
     if code < 0x80:
@@ -55,7 +56,7 @@ def _code_width(code: int, json_escape: bool) -> int:
     return 3 if code < 0x10000 else 4
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _text_end(units: np.ndarray, row: int) -> np.uint64:
     """Where row `row`'s value ends: after its last non-NUL unit, as NumPy ends a 'U' or 'S' value."""
     end = np.uint64(units.shape[1])
@@ -64,7 +65,7 @@ def _text_end(units: np.ndarray, row: int) -> np.uint64:
     return end
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def fixed_lengths(units: np.ndarray) -> np.ndarray:
     """Units per row of a fixed-width column's values, each ending at its last non-NUL unit.
 
@@ -75,7 +76,7 @@ def fixed_lengths(units: np.ndarray) -> np.ndarray:
     return lengths
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def put_fixed(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, units: np.ndarray, lengths: np.ndarray) -> None:
     """Write the first lengths[i] units of row i (as bytes) at its cursor, and advance it."""
     for row in range(start, stop):
@@ -85,7 +86,7 @@ def put_fixed(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, units:
         cursor[row] = at + lengths[row]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _row_utf8_length(code_points: np.ndarray, row: int, end: np.uint64, json_escape: bool) -> int:
     """Bytes of one row (the general case: escapes, multi-byte code points), or _NOT_UTF8."""
     total = 0
@@ -97,7 +98,7 @@ def _row_utf8_length(code_points: np.ndarray, row: int, end: np.uint64, json_esc
     return total
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def utf8_lengths(code_points: np.ndarray, json_escape: bool) -> tuple[np.ndarray, bool]:
     """(bytes per row, whether every row has UTF-8) of a NumPy 'U' column's values.
 
@@ -121,7 +122,7 @@ def utf8_lengths(code_points: np.ndarray, json_escape: bool) -> tuple[np.ndarray
     return lengths, True
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def put_utf8(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, code_points: np.ndarray, lengths: np.ndarray,
              json_escape: bool) -> None:
     """Write each row's UTF-8 (JSON-escaped where asked) at its cursor, and advance it.
@@ -162,7 +163,7 @@ def put_utf8(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, code_po
                 at += np.uint64(4)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _magnitude(value: np.int64) -> np.uint64:
     """|value| as uint64 (exact for the most negative int64 too)."""
     if value < 0:
@@ -170,7 +171,7 @@ def _magnitude(value: np.int64) -> np.uint64:
     return np.uint64(value)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _digits(magnitude: np.uint64) -> np.uint64:
     count = 0
     while count < len(_POWERS) and magnitude >= _POWERS[count]:
@@ -178,7 +179,7 @@ def _digits(magnitude: np.uint64) -> np.uint64:
     return np.uint64(count + 1)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def decimal_lengths(values: np.ndarray) -> np.ndarray:
     """Bytes per row of each int64 value's decimal text (a '-' and digits, no leading zeros)."""
     lengths = np.empty(len(values), np.uint64)
@@ -187,7 +188,7 @@ def decimal_lengths(values: np.ndarray) -> np.ndarray:
     return lengths
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def put_decimal(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, values: np.ndarray) -> None:
     """Write each int64 value's decimal text at its row's cursor, and advance it."""
     for row in range(start, stop):
@@ -207,7 +208,7 @@ def put_decimal(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, valu
             out[at] = np.uint8(0x30 + magnitude)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def put_hex(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, values: np.ndarray) -> None:
     """Write each uint64 value as 16 lowercase hex digits (zero-padded) at its row's cursor, and advance it."""
     for row in range(start, stop):
@@ -218,7 +219,7 @@ def put_hex(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, values: 
         cursor[row] = at + np.uint64(16)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def put_literal(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, literal: np.ndarray) -> None:
     """Write the same bytes (uint8) at every row's cursor, and advance it."""
     size = np.uint64(len(literal))
@@ -229,7 +230,7 @@ def put_literal(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, lite
         cursor[row] = at + size
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def put_flat(out: np.ndarray, cursor: np.ndarray, start: int, stop: int, data: np.ndarray, offsets: np.ndarray) -> None:
     """Write row i's bytes data[offsets[i]:offsets[i + 1]] (offsets uint64) at its cursor, and advance it."""
     for row in range(start, stop):

@@ -596,6 +596,8 @@ def test_dockerfile_builds_the_runtime_the_services_need():
     assert re.search(r"pip (wheel|install)\b.*\s\.(\s|$)", runs), "the project is not installed with pip"
     env = " ".join(rest for op, rest in ins if op == "ENV")
     assert "JAVA_HOME=" in env
+    # numba needs a writable cache directory (engine/jit.py); pods mount only /tmp writable
+    assert re.search(r"NUMBA_CACHE_DIR=/tmp/\S+", env), env
     user = [rest for op, rest in ins if op == "USER"][-1]
     assert user.split(":")[0] not in {"0", "root"}
     entry = json.loads([rest for op, rest in ins if op == "ENTRYPOINT"][-1])
