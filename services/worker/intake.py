@@ -88,23 +88,24 @@ class RecordBuffer:
         self.foreign: dict[int, str] = {}  # record -> the by-key topic it sits in, unforwarded
         self._numbers: dict[str, list[np.ndarray]] = {name: [] for name in _NUMBER_COLUMNS}
 
-    def extend(self, msgs: Sequence[Message], topic: str, groups: np.ndarray) -> None:
-        """Records read from the stream's source topic `topic`, `msgs[i]` for group `groups[i]`."""
+    def extend(self, msgs: Sequence[Message], topic: str, groups: np.ndarray, partitions: np.ndarray) -> None:
+        """Records read from the stream's source topic `topic`, `msgs[i]` from its partition
+        `partitions[i]` for group `groups[i]` (the caller has read the partitions already)."""
         if not msgs:
             return
-        partitions, offsets = self._take_columns(msgs)
+        offsets = self._take_columns(msgs)
         self._push(partitions, offsets, groups, np.zeros(len(msgs), bool))
         self._read_up_to(topic, groups, partitions, offsets)
 
-    def extend_forwarded(self, msgs: Sequence[Message], topic: str) -> None:
-        """Records read from the by-key topic `topic`: a record's group is its partition there,
-        its identity the (partition, offset) in the source topic its headers name. A record
-        without an origin was written there by someone else: it is kept with its own
-        coordinates, to be dead-lettered."""
+    def extend_forwarded(self, msgs: Sequence[Message], topic: str, partitions: np.ndarray) -> None:
+        """Records read from the by-key topic `topic`, `msgs[i]` from its partition `partitions[i]`:
+        a record's group is its partition there, its identity the (partition, offset) in the
+        source topic its headers name. A record without an origin was written there by someone
+        else: it is kept with its own coordinates, to be dead-lettered."""
         if not msgs:
             return
         first = len(self)
-        partitions, offsets = self._take_columns(msgs)
+        offsets = self._take_columns(msgs)
         origins = [origin_of(m) for m in msgs]  # headers, parsed per record: forwards are the misrouted few
         known = np.array([o is not None for o in origins], bool)
         source = np.array([o if o is not None else (-1, -1) for o in origins], np.int64).reshape(-1, 2)
@@ -115,15 +116,15 @@ class RecordBuffer:
 
     def add(self, m: Message, group: int) -> None:
         """One record read from the stream's source topic for `group`."""
-        self.extend([m], m.topic(), np.array([group], np.int64))
+        self.extend([m], m.topic(), np.array([group], np.int64), np.array([m.partition()], np.int64))
 
     def add_forwarded(self, m: Message) -> None:
         """One record read from the stream's by-key topic (see `extend_forwarded`)."""
-        self.extend_forwarded([m], m.topic())
+        self.extend_forwarded([m], m.topic(), np.array([m.partition()], np.int64))
 
-    def _take_columns(self, msgs: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
-        """Append the messages' values, keys, headers and timestamps; return their Kafka
-        partitions and offsets. The accessors are the messages' class's own (confluent-kafka's
+    def _take_columns(self, msgs: Sequence[Message]) -> np.ndarray:
+        """Append the messages' values, keys, headers and timestamps; return their offsets.
+        The accessors are the messages' class's own (confluent-kafka's
         C methods; a test's stand-in works the same way)."""
         kind, count = type(msgs[0]), len(msgs)
         self.values += map(kind.value, msgs)
@@ -131,8 +132,7 @@ class RecordBuffer:
         self.headers += map(kind.headers, msgs)
         self._numbers["timestamps"].append(
             np.fromiter(map(itemgetter(1), map(kind.timestamp, msgs)), np.int64, count))
-        return (np.fromiter(map(kind.partition, msgs), np.int64, count),
-                np.fromiter(map(kind.offset, msgs), np.int64, count))
+        return np.fromiter(map(kind.offset, msgs), np.int64, count)
 
     def _push(self, partitions: np.ndarray, offsets: np.ndarray, groups: np.ndarray, rerouted: np.ndarray) -> None:
         for name, column in (("partitions", partitions), ("offsets", offsets),

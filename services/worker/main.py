@@ -265,9 +265,9 @@ class Worker:
             stream, topic = code % len(self.job.streams), self.input_topics[code]
             buffer = self.pending.setdefault(stream, RecordBuffer())
             if code < len(self.job.streams):
-                buffer.extend(picked, topic, groups[chosen])
+                buffer.extend(picked, topic, groups[chosen], partitions[chosen])
             else:
-                buffer.extend_forwarded(picked, topic)
+                buffer.extend_forwarded(picked, topic, partitions[chosen])
 
     @staticmethod
     def _without_errors(msgs: list[Message]) -> list[Message]:
