@@ -49,6 +49,8 @@ class BlockHistogram(Collector):
 
 
 TUPLES_IN = Counter("streamjoin_tuples_in", "Input tuples accepted into the join", ["stream"], registry=REGISTRY)
+READ_AHEAD = Counter("streamjoin_read_ahead_records", "Input records taken while the broker acknowledged the "
+                     "cycle before (hash workers read the next batch during those waits)", registry=REGISTRY)
 RESULTS_OUT = Counter("streamjoin_results_out", "Join results produced", registry=REGISTRY)
 DEAD_LETTER = Counter("streamjoin_dead_letter", "Records sent to the dead-letter topic", ["reason"], registry=REGISTRY)
 FILTERED = Counter("streamjoin_filtered_tuples", "Tuples skipped before the join: outside their stream's source "

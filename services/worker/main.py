@@ -35,6 +35,9 @@ from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 
 log = structlog.get_logger("streamjoin.worker")
+# Records one read-ahead call takes (Worker._read_ahead): a few milliseconds of intake, so the
+# broker's acknowledgements are looked at again soon.
+_READ_AHEAD_RECORDS = 10_000
 
 
 def stream_templates(job: JobSettings) -> list:
@@ -116,9 +119,11 @@ class Worker:
         self.health.ready, self.health.detail = True, "running"
         while not self.stop_flag.set:
             self._poll_control()
-            self._take(self.consumer.consume(self.job.worker.max_batch_records, interval_ms / 4000))
+            room = self._room()
+            if room:
+                self._take(self.consumer.consume(room, interval_ms / 4000))
             now = time.monotonic()
-            full = sum(map(len, self.pending.values())) >= self.job.worker.max_batch_records
+            full = not self._room()
             if (self.pending or self.job.join.idle_timeout_ms) and (full or (now - last_cycle) * 1000 >= interval_ms):
                 self._cycle()
                 last_cycle = now
@@ -151,7 +156,7 @@ class Worker:
         self.health.ready, self.health.detail = False, "stopping"
         if self.pending:
             try:
-                self._cycle()
+                self._cycle(read_ahead=False)
             except Stopped:
                 pass  # the cycle failed and its recovery was cut short: the next start replays it
         self.consumer.close()
@@ -202,7 +207,7 @@ class Worker:
     def _apply_assignment(self, wanted: set[int]) -> None:
         removed, added = self.groups - wanted, wanted - self.groups
         if self.pending:
-            self._cycle()  # finish in-flight tuples under the old assignment first
+            self._cycle(read_ahead=False)  # finish in-flight tuples under the old assignment first
         if removed:
             faults.reach("sender-committed")
             let_go = self._partitions(removed)
@@ -242,6 +247,25 @@ class Worker:
         return out
 
     # ----------------------------------------------------------------- batches
+    def _room(self) -> int:
+        """Records the next batch may still take (worker.max_batch_records, less those pending)."""
+        return max(0, self.job.worker.max_batch_records - sum(map(len, self.pending.values())))
+
+    def _read_ahead(self) -> bool:
+        """The main thread's work while the broker acknowledges a cycle (Emitter.emit's waits):
+        take records the consumer has fetched already, without waiting for more, into the next
+        batch, a bounded call at a time so the waits stay short. Returns whether it took any.
+
+        Measured on a backlog drain (README, issue 16): consume() and intake were about 40% of
+        the main loop, and the cycle's waits on the broker left that much of a core idle."""
+        room = min(self._room(), _READ_AHEAD_RECORDS)
+        if not room:
+            return False
+        msgs = self.consumer.consume(room, 0)
+        self._take(msgs)
+        metrics.READ_AHEAD.inc(len(msgs))
+        return bool(msgs)
+
     def _take(self, msgs: list[Message]) -> None:
         """One consume() call's records into the pending buffers of their streams, a column at a
         time (RecordBuffer.extend): no Python per record on the way (the issue-16 profile found
@@ -277,7 +301,12 @@ class Worker:
                 metrics.BROKER_ERRORS.labels(m.error().name()).inc()
         return [m for m in msgs if m.error() is None]
 
-    def _cycle(self) -> None:
+    def _cycle(self, read_ahead: bool = True) -> None:
+        """Join the pending records and write the outcome in one transaction (Emitter.emit).
+
+        read_ahead: take the next cycle's records while the broker acknowledges this one's
+        (`_read_ahead`); off where nothing may be left pending after the cycle (an assignment
+        change, a shutdown)."""
         started = time.perf_counter()
         now_ms = int(time.time() * 1000)
         idle, woken = self._idle(now_ms)
@@ -291,6 +320,10 @@ class Worker:
                             floors)
         self.idle_seen.update({b.group: idle.get(b.group, frozenset()) for b in batches})
         self.pending = {}
+        # Pauses follow the windows as this cycle left them in memory, before the records read
+        # ahead during its commit are taken (deciding after the commit would let every
+        # read-ahead overshoot by a batch).
+        self._align()
         offsets = self._next_offsets(batches)
         tx = self.store.store.transaction()
 
@@ -300,20 +333,20 @@ class Worker:
             return tx
 
         try:
-            self.emitter.emit(batches, self.consumer, offsets, self.skip_dead, stage)
+            self.emitter.emit(batches, self.consumer, offsets, self.skip_dead, stage,
+                              self._read_ahead if read_ahead else None)
         except KafkaException as e:
             exit_if_fenced(e)
             log.warning("cycle failed; recovering its groups", error=str(e), groups=len(batches))
             metrics.BROKER_ERRORS.labels("cycle").inc()
             tx.fail()
             self.emitter.abort()
-            self._reset({b.group for b in batches})
+            self._recover_failed_cycle({b.group for b in batches})
             return
         tx.commit()  # the Kafka transaction (results, changelog, offsets) committed: now the local copy
         self.committed.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
         self._observe(batches, time.perf_counter() - started)
         self._keep_budget()
-        self._align()
 
     def _align(self) -> None:
         """Event-time aligned intake (services/worker/alignment.py): pause each group's streams
@@ -467,6 +500,14 @@ class Worker:
 
     def _next_offsets(self, batches: list[GroupBatch]) -> list[TopicPartition]:
         return [TopicPartition(topic, p, o) for b in batches for topic, parts in b.end.items() for p, o in parts.items()]
+
+    def _recover_failed_cycle(self, groups: set[int]) -> None:
+        """A cycle of `groups` failed after their windows changed in memory. The records read
+        ahead during it (any group's) are dropped too: every group they or the cycle touched
+        is rebuilt and read again from its checkpoint."""
+        read_ahead = {g for buffer in self.pending.values() for g in buffer.positions}
+        self.pending = {}
+        self._reset(groups | read_ahead)
 
     def _reset(self, groups: set[int]) -> None:
         """A cycle failed after its groups' windows changed in memory: rebuild them from RocksDB + Kafka."""

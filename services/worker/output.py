@@ -16,6 +16,13 @@ shows aborted transactions to read_committed readers (Tansu does): a visible
 checkpoint in the changelog implies its batch's results, a visible result its
 batch's commit record, which implies the batch's dead letters and forwards.
 Recovery (recovery.py) relies on exactly that.
+
+While the broker acknowledges (the flushes, the offsets and the commit: on
+Tansu tens to hundreds of milliseconds a cycle), the caller's `meanwhile`
+work runs instead of a blocked wait: the worker reads the next cycle's
+records then (Worker._read_ahead). The transaction's own calls block in
+librdkafka, so they run on a helper thread while the main thread does that
+work; nothing else touches the producer meanwhile.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +63,11 @@ _BATCH_MESSAGES = 10_000
 # encode costs about half a millisecond a call whatever its size, but joining large blocks first
 # costs a copy of every result (measured: 10% more CPU per tuple on a backlog drain).
 SMALL_RESULTS = 4096
+# How long one wait on the broker lasts when the `meanwhile` work found nothing to do: short, so
+# that records arriving meanwhile are taken, long enough that polling costs nothing measurable.
+_IDLE_WAIT_S = 0.01
+Meanwhile = Callable[[], bool]  # work done while the broker acknowledges; returns whether it found any
+Result = TypeVar("Result")
 
 
 class Deliveries:
@@ -81,20 +95,34 @@ class Deliveries:
             raise KafkaException(self.errors[0])
 
 
-def flush(producer: Producer, deliveries: Deliveries) -> None:
-    """Wait for every queued record, then fail on any that was not delivered."""
-    while _flushed(producer) > 0:
+def flush(producer: Producer, deliveries: Deliveries, meanwhile: Meanwhile | None = None) -> None:
+    """Wait for every queued record, then fail on any that was not delivered; `meanwhile`: work
+    to do between short waits instead of one long one (None: just wait)."""
+    while _waited(producer, meanwhile) > 0:
         metrics.BROKER_ERRORS.labels("flush-timeout").inc()
     deliveries.check()
 
 
-def _flushed(producer: Producer) -> int:
-    """producer.flush(30). A transactional producer fenced by a newer one with its id (this
+def _waited(producer: Producer, meanwhile: Meanwhile | None, timeout_s: float = 30) -> int:
+    """Up to `timeout_s` of waiting for the producer's queue to empty, `meanwhile` run between
+    short waits; returns the records still queued."""
+    if meanwhile is None:
+        return _flushed(producer, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # flush() with a tiny timeout still serves the delivery reports (flush(0) would not poll)
+        remaining = _flushed(producer, 0.001 if meanwhile() else _IDLE_WAIT_S)
+        if remaining == 0 or time.monotonic() >= deadline:
+            return remaining
+
+
+def _flushed(producer: Producer, timeout_s: float) -> int:
+    """producer.flush(timeout_s). A transactional producer fenced by a newer one with its id (this
     worker was declared dead) makes confluent-kafka's flush raise a bare SystemError or the
     KafkaError itself instead of a KafkaException (both seen on Tansu): reported as the
     KafkaException it is, so the caller's fatal-error handling applies."""
     try:
-        return producer.flush(30)
+        return producer.flush(timeout_s)
     except KafkaException:
         raise
     except Exception as e:  # noqa: BLE001 - the SystemError
@@ -244,6 +272,8 @@ class Emitter:
         self.deliveries = Deliveries()
         self.results = ResultWriter(job, producer, self.deliveries, every_report=not self.transactional)
         self.changelog = ChangelogWriter(job, producer, self.deliveries) if job.worker.changelog else None
+        # Runs the transaction's blocking calls while the main thread does its `meanwhile` work.
+        self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transaction")
 
     def start(self) -> None:
         if self.transactional:
@@ -251,29 +281,31 @@ class Emitter:
             _retry(lambda: self.producer.init_transactions(30))
 
     def emit(self, batches: list[GroupBatch], consumer: Consumer, offsets: list[TopicPartition],
-             skip_dead: dict[int, set[tuple[str, int, int]]], stage: Callable[[], StateTransaction]) -> None:
+             skip_dead: dict[int, set[tuple[str, int, int]]], stage: Callable[[], StateTransaction],
+             meanwhile: Meanwhile | None = None) -> None:
         """Write a cycle's batches and commit its input `offsets` (see the module docstring);
         dead letters named in `skip_dead[group]` were written by an attempt that died.
 
         `stage()` stages the batches' state (their checkpoints now record where their records
         ended) and returns the cycle's state transaction: its writes go to the changelog in
-        this Kafka transaction, and the caller commits it to RocksDB once this returns."""
+        this Kafka transaction, and the caller commits it to RocksDB once this returns.
+        `meanwhile()` is done while the broker acknowledges (None: the waits block)."""
         self.deliveries.clear()
         with _stall_watchdog(self.job.worker.stall_timeout_ms / 1000):
             if self.transactional:
                 self.producer.begin_transaction()
             if self._produce_dead_letters(batches, skip_dead) + self._produce_forwards(batches):
-                flush(self.producer, self.deliveries)
+                flush(self.producer, self.deliveries, meanwhile)
             for b in batches:
                 self.produce_commit(b)
-            flush(self.producer, self.deliveries)
+            flush(self.producer, self.deliveries, meanwhile)
             self.results.write_groups([(b.group, b.results) for b in batches])
-            flush(self.producer, self.deliveries)
+            flush(self.producer, self.deliveries, meanwhile)
             if any(b.cleanup is not None or b.read_back for b in batches):
                 faults.reach("spill-written")  # results from spilled state written, not committed
             self._record_positions(batches)
             self.log_state(stage())
-            self.commit(consumer, offsets)
+            self.commit(consumer, offsets, meanwhile)
         self._logged(batches)
 
     def log_state(self, tx: StateTransaction) -> None:
@@ -289,16 +321,32 @@ class Emitter:
         for b in batches:
             b.state.logged_at(self.changelog.offsets.get(b.group, {}), self.changelog.newest.get(b.group, -1) + 1)
 
-    def commit(self, consumer: Consumer, offsets: list[TopicPartition]) -> None:
-        """End what was produced: with the input `offsets`, in the transaction or after it."""
+    def commit(self, consumer: Consumer, offsets: list[TopicPartition], meanwhile: Meanwhile | None = None) -> None:
+        """End what was produced: with the input `offsets`, in the transaction or after it;
+        `meanwhile()` is done while the broker acknowledges (None: the calls block)."""
         if self.transactional:
-            self.producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
-            _retry(lambda: self.producer.commit_transaction(60))
+            group = consumer.consumer_group_metadata()
+
+            def end_transaction() -> None:
+                self.producer.send_offsets_to_transaction(offsets, group, 30)
+                _retry(lambda: self.producer.commit_transaction(60))
+            self._while_waiting(end_transaction, meanwhile)
         else:
-            flush(self.producer, self.deliveries)
+            flush(self.producer, self.deliveries, meanwhile)
             if offsets:
                 consumer.commit(offsets=offsets, asynchronous=False)
         self.deliveries.check()
+
+    def _while_waiting(self, call: Callable[[], Result], meanwhile: Meanwhile | None) -> Result:
+        """`call()`'s result (or its exception): made on the helper thread while `meanwhile()`
+        runs here, each time it finds work and otherwise after a short wait, until the call ends."""
+        if meanwhile is None:
+            return call()
+        pending = self._helper.submit(call)
+        while not pending.done():
+            if not meanwhile():
+                wait_for([pending], timeout=_IDLE_WAIT_S)
+        return pending.result()
 
     def rewrite(self, results: Block, batch: GroupBatch, consumer: Consumer, offsets: list[TopicPartition],
                 tx: StateTransaction) -> None:

@@ -32,8 +32,9 @@ def one_stream_then_the_other() -> list[Row]:
             for name in "rs" for i in range(PER_STREAM)]
 
 
-def drain(broker, fleet_for, tmp_path, read_ahead_ms: int | None) -> tuple[float, object]:
-    """Produce the backlog, then start one worker on it; its peak window (tuples) and the check."""
+def drain(broker, fleet_for, tmp_path, read_ahead_ms: int | None) -> tuple[float, float, object]:
+    """Produce the backlog, then start one worker on it; its peak window (tuples), the records it
+    read while the broker acknowledged its cycles, and the check."""
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": WINDOW_MS}] * 2, workers=1, partitions=4,
                    join={"allowed_lateness_ms": LATENESS_MS, "max_read_ahead_ms": read_ahead_ms},
                    worker={"max_batch_records": BATCH_RECORDS})
@@ -41,12 +42,15 @@ def drain(broker, fleet_for, tmp_path, read_ahead_ms: int | None) -> tuple[float
     produce(job, broker.bootstrap, one_stream_then_the_other())
     fleet = fleet_for(job, 1)
     wait_drained(job, broker.bootstrap, fleet, timeout=240)
-    return metric(fleet.metrics_ports["w0"], "streamjoin_window_state_tuples_peak"), check(job, broker.bootstrap)
+    port = fleet.metrics_ports["w0"]
+    return (metric(port, "streamjoin_window_state_tuples_peak"), metric(port, "streamjoin_read_ahead_records_total"),
+            check(job, broker.bootstrap))
 
 
 def test_a_backlog_of_one_stream_then_the_other_keeps_the_window_near_its_size(broker, fleet_for, tmp_path) -> None:
-    peak, result = drain(broker, fleet_for, tmp_path, AHEAD_MS)
+    peak, read_ahead, result = drain(broker, fleet_for, tmp_path, AHEAD_MS)
     assert result.exact, result
+    assert read_ahead > 0  # a backlog has records waiting while each cycle commits: the next batch took some
     assert result.expected > PER_STREAM  # keys repeat within the window: many results
     # What a window holds at steady state, both streams: event time within the window, the lateness and
     # the read-ahead of the newest tuple, 200 tuples per second each; plus one batch read past the bound.
@@ -55,6 +59,6 @@ def test_a_backlog_of_one_stream_then_the_other_keeps_the_window_near_its_size(b
 
 
 def test_without_alignment_the_same_backlog_holds_the_first_stream_whole(broker, fleet_for, tmp_path) -> None:
-    peak, result = drain(broker, fleet_for, tmp_path, None)
+    peak, _, result = drain(broker, fleet_for, tmp_path, None)
     assert result.exact, result
     assert peak >= PER_STREAM * 0.9, peak  # r read whole before s moves the watermark

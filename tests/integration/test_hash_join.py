@@ -44,6 +44,9 @@ def test_two_way_time_window_with_bad_input(broker, fleet_for, tmp_path) -> None
         ("it.s", b"4", json.dumps({"k": 4, "ts": 20_000, "pad": "x" * 600}).encode()),  # oversize
     ]
     produce(job, broker.bootstrap, rows)
+    # Joined first, so the watermarks have moved on when the late rows come: on a loaded machine
+    # workers that started slowly would read both in their first batch, where nothing is late yet.
+    wait_drained(job, broker.bootstrap, fleet, timeout=120)
     produce(job, broker.bootstrap, late, raw=bad)
     wait_drained(job, broker.bootstrap, fleet, timeout=120)
     result = check(job, broker.bootstrap)

@@ -35,13 +35,13 @@ class _Producer:
 @pytest.mark.parametrize("fail", ["kafka-exception", "system-error", "bare-kafka-error"])
 def test_a_fenced_flush_is_a_fatal_kafka_exception(fail: str) -> None:
     with pytest.raises(KafkaException) as raised:
-        _flushed(_Producer(fail))  # type: ignore[arg-type]
+        _flushed(_Producer(fail), 30)  # type: ignore[arg-type]
     assert raised.value.args[0].fatal()
 
 
 def test_a_stop_request_in_flush_passes_through() -> None:
     with pytest.raises(Stopped):
-        _flushed(_Producer("stop"))  # type: ignore[arg-type]
+        _flushed(_Producer("stop"), 30)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("code", [KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED])
