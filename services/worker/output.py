@@ -66,6 +66,7 @@ SMALL_RESULTS = 4096
 # How long one wait on the broker lasts when the `meanwhile` work found nothing to do: short, so
 # that records arriving meanwhile are taken, long enough that polling costs nothing measurable.
 _IDLE_WAIT_S = 0.01
+_FLUSH_TIMEOUT_S = 30  # one flush's wait before it is metered as a timeout and waited again
 Meanwhile = Callable[[], bool]  # work done while the broker acknowledges; returns whether it found any
 Result = TypeVar("Result")
 
@@ -103,12 +104,12 @@ def flush(producer: Producer, deliveries: Deliveries, meanwhile: Meanwhile | Non
     deliveries.check()
 
 
-def _waited(producer: Producer, meanwhile: Meanwhile | None, timeout_s: float = 30) -> int:
-    """Up to `timeout_s` of waiting for the producer's queue to empty, `meanwhile` run between
-    short waits; returns the records still queued."""
+def _waited(producer: Producer, meanwhile: Meanwhile | None) -> int:
+    """Up to _FLUSH_TIMEOUT_S of waiting for the producer's queue to empty, `meanwhile` run
+    between short waits; returns the records still queued."""
     if meanwhile is None:
-        return _flushed(producer, timeout_s)
-    deadline = time.monotonic() + timeout_s
+        return _flushed(producer, _FLUSH_TIMEOUT_S)
+    deadline = time.monotonic() + _FLUSH_TIMEOUT_S
     while True:
         # flush() with a tiny timeout still serves the delivery reports (flush(0) would not poll)
         remaining = _flushed(producer, 0.001 if meanwhile() else _IDLE_WAIT_S)

@@ -53,7 +53,7 @@ def test_a_flush_with_work_meanwhile_polls_between_the_work_and_still_waits_for_
 def test_a_flush_without_work_meanwhile_blocks_as_before():
     producer = _Producer(queued=1)
     flush(producer, Deliveries())  # type: ignore[arg-type]
-    assert producer.timeouts == [30]
+    assert producer.timeouts == [output._FLUSH_TIMEOUT_S]
 
 
 def test_a_flush_meanwhile_still_fails_on_a_failed_delivery():
