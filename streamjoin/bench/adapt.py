@@ -137,17 +137,17 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
 # ---------------------------------------------------------------- jobs and fleets
 
 
-def base_job(env: BenchEnv, name: str, workers: int, plan: Plan, steps: Sequence[ours.Step], window_ms: int,
+def base_job(env: BenchEnv, name: str, workers: int, partitions: int, steps: Sequence[ours.Step], window_ms: int,
              coordinator: dict | None = None) -> JobSettings:
-    """seed000.yaml with `window_ms` windows, the key domain that makes output about as large as input
-    over `steps`, and `coordinator` settings, as its own job for `workers` workers."""
+    """seed000.yaml with `partitions` groups, `window_ms` windows, the key domain that makes output about
+    as large as input over `steps`, and `coordinator` settings, as its own job for `workers` workers."""
     from streamjoin.cli import default_job_file
 
     job = load(default_job_file())
     streams = [s.model_copy(update={"window": WindowSpec(range_ms=window_ms)}) for s in job.streams]
     domain = domain_for(steps, window_ms, job.workload.skew, len(streams))
     job = ours.fleet_job(job.model_copy(update={
-        "streams": streams, "partitions": plan.partitions,
+        "streams": streams, "partitions": partitions,
         "workload": job.workload.model_copy(update={"domain": domain})}), env, name, workers)
     return job.model_copy(update={"coordinator": job.coordinator.model_copy(update=coordinator or {})})
 
@@ -220,7 +220,7 @@ def migration_run(env: BenchEnv, plan: Plan, size: Size, index: int) -> dict:
     """One state size: the window fills, then `plan.moves` moves, `settle_s` apart, alternating groups."""
     window_s = size.window_ms / 1000
     span = window_s + plan.settle_s + plan.moves * (plan.settle_s + 2)
-    job = base_job(env, f"adapt-move{index}", 2, plan, [ours.Step(size.rate, span)], size.window_ms)
+    job = base_job(env, f"adapt-move{index}", 2, plan.partitions, [ours.Step(size.rate, span)], size.window_ms)
     fleet, ids = ours.start_fleet(env, job, 2)
     feed = PacedInput(job, env.bootstrap, constant(size.rate), seed=job.workload.seed)
     feed.start()
@@ -311,7 +311,7 @@ def summarise_moves(job: JobSettings, size: Size, moves: list[dict], done: dict,
 def failover(env: BenchEnv, plan: Plan) -> dict:
     """SIGKILL workers one at a time (never restarted) until one is left; per kill, how long
     until the lost groups are held and produce again."""
-    job = base_job(env, "adapt-failover", plan.failover_workers, plan,
+    job = base_job(env, "adapt-failover", plan.failover_workers, plan.partitions,
                    [ours.Step(plan.failover_rate, 60)], plan.window_ms, FAILOVER_TIMEOUTS)
     fleet, ids = ours.start_fleet(env, job, plan.failover_workers)
     fleet.restart_workers = False
@@ -398,7 +398,7 @@ def placement_run(env: BenchEnv, plan: Plan, name: str, placement: str, workers:
     for that many seconds of every period throughout. The span's curves and totals."""
     seconds = sum(s.seconds for s in steps)
     adaptive = ADAPTIVE | {"placement": placement}
-    job = base_job(env, name, workers, plan, [ours.Step(steps[0].rate, plan.warm_s), *steps], plan.window_ms,
+    job = base_job(env, name, workers, plan.partitions, [ours.Step(steps[0].rate, plan.warm_s), *steps], plan.window_ms,
                    adaptive | {"placement": "sticky"})
     fleet, ids = ours.start_fleet(env, job, workers)
     feed = PacedInput(job, env.bootstrap, schedule, seed=job.workload.seed)
@@ -540,7 +540,7 @@ def parameters(plan: Plan, quick: bool) -> dict:
     job = load(default_job_file())
     return {
         "mode": "quick" if quick else "full", "verifier": plan.verifier, "partitions": plan.partitions,
-        "tuple_bytes": job.workload.tuple_bytes, "skew": job.workload.skew, "batch_ms": job.worker.batch_ms,
+        "tuple_bytes": job.workload.tuple_bytes, "key_skew": job.workload.skew, "batch_ms": job.worker.batch_ms,
         "heartbeat_ms": job.worker.heartbeat_ms, "arrivals": "Poisson, event time = arrival (wall) time",
         "generator": "bench/paced.py: a background thread, one produce_batch per stream every 100 ms",
         "migration": {"workers": 2, "sizes": [{"rate_per_stream": s.rate, "window_ms": s.window_ms}

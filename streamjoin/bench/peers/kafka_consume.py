@@ -67,7 +67,7 @@ def delivery_delay(cluster: kafka.Cluster, job: JobSettings, rate: float, second
     topics.ensure(cluster.admin(), probe)
     held: list[np.ndarray] = []
     stop = threading.Event()
-    reader = threading.Thread(target=_hold, args=(cluster, probe, held, stop), daemon=True)
+    reader = threading.Thread(target=hold_delays, args=(cluster, probe, held, stop), daemon=True)
     reader.start()
     try:
         produced = run_sources(probe, cluster, seconds=seconds, rate=rate)
@@ -83,7 +83,9 @@ def delivery_delay(cluster: kafka.Cluster, job: JobSettings, rate: float, second
             "delay": delay_stats(delays, threshold_ms)}
 
 
-def _hold(cluster: kafka.Cluster, job: JobSettings, out: list[np.ndarray], stop: threading.Event) -> None:
+def hold_delays(cluster: kafka.Cluster, job: JobSettings, out: list[np.ndarray], stop: threading.Event) -> None:
+    """Read `job`'s input topics from the start until `stop`, appending each consume() call's
+    delivery delays (now minus each record's Kafka timestamp, ms) to `out`."""
     c = cluster.consumer(f"bench-delivery-{uuid.uuid4().hex}")
     try:
         c.assign([TopicPartition(t, p, 0) for t in job.input_topics for p in range(job.partitions)])
