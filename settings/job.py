@@ -353,8 +353,8 @@ class WorkerSpec(_Strict):
                                                          "batches (their transactions), reached under load")
     min_batch_ms: int = Field(
         default=10, gt=0,
-        description="the shortest interval between batches: the interval adapts between this and batch_ms, twice "
-                    "the last batch's own time, so light input gets small, quick batches (low delay) and a "
+        description="the shortest interval between batches: the interval adapts between this and batch_ms, the "
+                    "last batch's own time (the next starts once it is committed), so light input gets small, quick batches (low delay) and a "
                     "backlog large ones (fewer transactions per tuple)")
     max_batch_records: int = Field(default=200_000, gt=0,
                                    description="a batch starts as soon as this many records wait, whatever the interval")

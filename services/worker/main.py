@@ -608,12 +608,15 @@ def input_topics(job: JobSettings) -> list[str]:
 
 
 def next_interval_ms(job: JobSettings, cycle_seconds: float) -> float:
-    """The wait before the next batch: twice the last batch's own time, within
-    [worker.min_batch_ms, worker.batch_ms]. Light input makes quick batches, so the next comes
-    soon and a record waits little; under a backlog batches grow until their time reaches
-    batch_ms, so fewer transactions carry more tuples each. Twice keeps the loop at most about
-    half busy with batches when it is not overloaded, the rest for fetching."""
-    return min(float(job.worker.batch_ms), max(float(job.worker.min_batch_ms), 2000.0 * cycle_seconds))
+    """The interval from one batch's start to the next's: the last batch's own time, within
+    [worker.min_batch_ms, worker.batch_ms]. So a batch starts as soon as the last one is
+    committed: light input makes quick batches and a record waits about one batch; under a
+    backlog batches grow until their time reaches batch_ms, so fewer transactions carry more
+    tuples each. The loop has no idle gap to fetch in, and needs none: the next batch's records
+    are read while the broker acknowledges this one (Worker._read_ahead). Measured (issue 16,
+    8 partitions, 5,000 tuples/s per stream, 2 workers): p99 138 and 218 ms against 215 and
+    314 ms when the interval was twice the batch's time."""
+    return min(float(job.worker.batch_ms), max(float(job.worker.min_batch_ms), 1000.0 * cycle_seconds))
 
 
 # Fencing that librdkafka may report as abortable, not fatal (seen in CI: a ProduceRequest

@@ -42,5 +42,5 @@ def test_a_stream_not_seen_yet_holds_back_the_others_only_while_it_has_records()
 def test_the_batch_interval_follows_the_batch_time_within_its_bounds() -> None:
     job = load("streamjoin/jobs/seed000.yaml", worker={"batch_ms": 200, "min_batch_ms": 10})
     assert next_interval_ms(job, 0.001) == 10  # light input: small batches, soon
-    assert next_interval_ms(job, 0.030) == 60  # twice the batch's own time
+    assert next_interval_ms(job, 0.030) == 30  # the batch's own time: the next starts once it is committed
     assert next_interval_ms(job, 5.0) == 200  # a backlog: the longest interval, fewest transactions
