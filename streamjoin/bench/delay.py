@@ -186,7 +186,9 @@ def plot(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
+    plain = FuncFormatter(lambda v, _: f"{v:.0f}")
     counts = list(result["ours"])
     quantiles = ("p50_ms", "p95_ms", "p99_ms")
     fig, axes = plt.subplots(1, len(counts), figsize=(4.5 * len(counts), 4.5), squeeze=False)
@@ -202,6 +204,9 @@ def plot(result: dict, path: Path) -> None:
         ax.set_title(f"{p} partitions{busy}", fontsize=10)
         ax.set_ylabel("production delay (ms)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend(fontsize=8)
     params = result["parameters"]
