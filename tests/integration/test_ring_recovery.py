@@ -58,7 +58,7 @@ def _written(job, bootstrap: str) -> int:
 def test_a_ring_survives_its_head_middle_and_tail_killed(broker: embedded.EmbeddedBroker, tmp_path: Path) -> None:
     from streamjoin.services.spark.verify import run_verify
 
-    job = band3(broker.bootstrap, tmp_path, ring={"nodes": 3, "checkpoint_ms": 1500, "standby_after_ms": 4000},
+    job = band3(broker.bootstrap, tmp_path, ring={"nodes": 3, "checkpoint_ms": 1500, "standby_after_ms": 8000},
                 coordinator={"expected_workers": 4, "heartbeat_timeout_ms": 3000})
     fleet = ring_fleet(job, broker.bootstrap, tmp_path, ["w0", "w1", "w2", "w3"])  # w3: the standby
     fleet.restart_workers = True
