@@ -209,7 +209,12 @@ class Router:
         values = encode_json(target.layout, results)
         partitions = (results[RESULT_ID_HI] % np.uint64(target.partitions)).astype(np.int64).tolist()
         for value, partition in zip(values, partitions):
-            self.producer.produce(target.sink, value=value, partition=partition)
+            while True:
+                try:
+                    self.producer.produce(target.sink, value=value, partition=partition)
+                    break
+                except BufferError:  # librdkafka's queue is full: let it deliver, then go on (it killed the router)
+                    self.producer.poll(0.05)
         return len(values)
 
     def _commit(self) -> None:
