@@ -323,7 +323,6 @@ class CoreLog:
         self.skip = list(skip)
         self.bootstraps = list(bootstraps)
         self.next_offset = next_offset
-        self.stored = [0] * streams  # tuples stored by the last `writes`, per stream
         self._awaiting: dict[bytes, _Logged] = {}  # written, offset not delivered yet
         self._snapshots: list[_Snapshot] = []
         self._snapshot_keys: dict[bytes, _Snapshot] = {}
@@ -378,8 +377,7 @@ class CoreLog:
             gone = live.popleft()
             out.append(Write(gone.key, None, gone.nbytes))
         start = int(np.searchsorted(rows[FROM], batch, side="left")) if batch >= 0 else len(rows)
-        self.stored[j] = len(rows) - start
-        if self.stored[j]:
+        if start < len(rows):
             new = strip_marks(rows.take(np.arange(start, len(rows))))
             out.append(self._log(block_key(j, batch), encode_block(new), batch, live))
         return out

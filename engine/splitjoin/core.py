@@ -51,6 +51,7 @@ class CoreOutput:
     retired: bool  # this core stores nothing now and holds nothing: it makes no results until it stores again
     schedule: Schedule  # the storage schedule as this core knows it (the merger learns switches from it)
     failures: ProbeFailures = field(default_factory=ProbeFailures)
+    stored: list[int] = field(default_factory=list)  # per stream, tuples this release gave the core's share
 
 
 class SplitCore:
@@ -81,7 +82,7 @@ class SplitCore:
         punctuate exactly here (the last results of a quiet input do not wait for the next
         multiple of the precision)."""
         out = CoreOutput(Block(), self.through, None, False, self.schedule)
-        self._store(tuples)
+        out.stored = self._store(tuples)  # counted before the expiry: a release may expire its own tuples
         out.results = self._probe(tuples, now_ms, out.failures)
         self._expire(horizon)
         self.through = horizon.next_g
@@ -92,11 +93,16 @@ class SplitCore:
         self.batch += 1
         return out
 
-    def _store(self, tuples: list[Block]) -> None:
+    def _store(self, tuples: list[Block]) -> list[int]:
+        """Insert this core's share of each stream's tuples; returns how many, per stream."""
+        stored = [0] * len(tuples)
         for j, block in enumerate(tuples):
             if len(block):
                 mine = self.schedule.owners(block[G], block[SSEQ]) == self.position
-                self.windows.streams[j].insert(block.filter(mine), self.batch)
+                share = block.filter(mine)
+                self.windows.streams[j].insert(share, self.batch)
+                stored[j] = len(share)
+        return stored
 
     def _probe(self, tuples: list[Block], now_ms: int, failures: ProbeFailures) -> Block:
         parts = []

@@ -473,8 +473,8 @@ class CoreService:
         for j, spec in enumerate(self.job.streams):
             if len(tuples[j]):
                 metrics.SPLITJOIN_CORE_TUPLES_IN.labels(spec.name).inc(len(tuples[j]))
-            if self.clog.stored[j]:
-                metrics.SPLITJOIN_CORE_STORED.labels(spec.name).inc(self.clog.stored[j])
+            if out.stored[j]:
+                metrics.SPLITJOIN_CORE_STORED.labels(spec.name).inc(out.stored[j])
             metrics.SPLITJOIN_CORE_STATE_TUPLES.labels(spec.name).set(len(self.core.windows.streams[j].rows))
         metrics.SPLITJOIN_CORE_STATE_BYTES.set(self.core.windows.nbytes)
         metrics.SPLITJOIN_CORE_THROUGH.set(out.through)

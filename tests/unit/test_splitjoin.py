@@ -174,6 +174,23 @@ def test_a_core_stores_its_share_and_finds_each_pair_once() -> None:
     assert len(found) == len(set(found)) == 36  # 6 x 6 pairs, all within the window
 
 
+def test_a_release_counts_what_it_stored_even_when_it_expires_it() -> None:
+    """A release whose horizon is past its own tuples (a restarted core reading its input and
+    a far punctuation in one go): the share it stored is counted, then expired."""
+    plan = make_plan([RefWindow(range_ms=100)] * 2, terms_of([((0, 1), "eq", 0)]), ((1,), (0,)))
+    stored = []
+    for c in range(2):
+        order = InputOrder([1, 1], 0, [block_of([])] * 2, Schedule.fixed(2))
+        core = SplitCore(plan, c, Schedule.fixed(2), [template(2)] * 2, punctuate_every=1)
+        for s in range(2):
+            order.add(s, block_of([Arrival(s, t, 0, t, 10, 0.0) for t in range(6)]))
+            order.advance(s, 0, 10_000)  # far past the 100 ms window
+        out = core.process(order.release(), order.horizon(), now_ms=0)
+        assert core.state_tuples == 0
+        stored.append(out.stored)
+    assert [sum(col) for col in zip(*stored)] == [6, 6] and all(n > 0 for share in stored for n in share)
+
+
 def test_switch_behind_the_core_is_refused() -> None:
     plan = make_plan([RefWindow(rows=3)] * 2, (), ((1,), (0,)))
     core = SplitCore(plan, 0, Schedule.fixed(2), [template(2)] * 2, punctuate_every=1)
