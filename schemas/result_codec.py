@@ -95,7 +95,7 @@ class ResultLayout:
     """What the result records of a job look like (built once from its settings)."""
 
     job: str
-    mode: Literal["hash", "ring", "splitjoin"]
+    mode: Literal["hash", "ring", "splitjoin", "query"]  # the join mode; query: a query service's sink
     streams: tuple[StreamLayout, ...]
 
 
@@ -423,8 +423,8 @@ def _key_text(stream: StreamLayout, block: Block) -> pa.LargeBinaryArray:
 def result_keys(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
     """The Kafka key of every result: hash mode the join-key text of the first stream's key
     fields (the second stream's where the first is absent: right and full joins; the settings
-    give both the same key types, so equal keys have equal text), ring and splitjoin modes the
-    32-hex result id. Feed it to `partitions_for_keys` for the results partitions and to
+    give both the same key types, so equal keys have equal text), ring and splitjoin modes and
+    the query service's sinks the 32-hex result id. Feed it to `partitions_for_keys` for the results partitions and to
     `columns.to_bytes_list` for the producer.
 
     layout: the job's `result_layout`; block: a result block."""

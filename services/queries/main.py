@@ -3,6 +3,8 @@ source sampling and lifetimes behind it on a thread of their own."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import structlog
@@ -25,8 +27,8 @@ def serve(settings: JobSettings, cluster: kafka.Cluster, deployer: Deployer) -> 
     kafka.wait_for_broker(cluster, log)
     service = ReuseService(settings, cluster, deployer)
     service.open()
-    stop = threading.Event()
-    loop = threading.Thread(target=service.run, args=(stop,), name="queries-loop", daemon=True)
+    stop, failed = threading.Event(), threading.Event()
+    loop = threading.Thread(target=run_loop, args=(service, stop, failed), name="queries-loop", daemon=True)
     loop.start()
     log.info("query service up", host=settings.queries.host, port=settings.queries.port)
     # uvicorn takes SIGTERM/SIGINT while it serves, and on its way out raises the signal again
@@ -39,3 +41,17 @@ def serve(settings: JobSettings, cluster: kafka.Cluster, deployer: Deployer) -> 
         stop.set()
         loop.join(30)
         deployer.close()
+    if failed.is_set():
+        raise SystemExit(1)  # the orchestrator restarts the service; it carries on from its registry
+
+
+def run_loop(service: ReuseService, stop: threading.Event, failed: threading.Event) -> None:
+    """The service's background loop until `stop`. A loop that fails ends the process (sets
+    `failed`, then SIGTERM to itself, which uvicorn takes as a stop): an API that goes on
+    registering queries while nothing routes their results would be a silent stall."""
+    try:
+        service.run(stop)
+    except Exception:  # noqa: BLE001 - whatever it was, the process must not outlive it
+        log.exception("query service loop failed; stopping the service")
+        failed.set()
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -36,9 +36,10 @@ from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import EVENT_TIME, RESULT_ID_HI
 from streamjoin.engine.window_join import NO_TIME
 from streamjoin.schemas.query import Query
-from streamjoin.schemas.result_codec import ResultLayout, StreamLayout, decode_results, encode_json, result_layout
+from streamjoin.schemas.result_codec import ResultLayout, StreamLayout, decode_results, result_layout
 from streamjoin.schemas.results import BatchCommit, decode_commit
 from streamjoin.services import kafka
+from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter
 from streamjoin.settings import JobSettings
 from streamjoin.topology.reuse.compensation import Compensation, compensation_mask
 
@@ -49,19 +50,17 @@ POLL_S = 0.2
 
 @dataclass(frozen=True)
 class Target:
-    """Where one query's results go: its sink topic and partitions, what compensates an
-    operator's results for it, and its result layout (its sources, its projection)."""
+    """Where one query's results go (its sink: topic, partitions, and its result layout: its
+    sources, its projection) and what compensates an operator's results for it."""
 
-    sink: str
-    partitions: int
+    sink: ResultSink
     compensation: Compensation
-    layout: ResultLayout
 
 
 def sink_layout(service: JobSettings, query: Query, name: str) -> ResultLayout:
     """The result records of query `name` on its sink: the job result format over the query's
     sources in FROM order, each with its SELECT columns and its time field (a result record
-    names every member's event time)."""
+    names every member's event time), keyed by result id."""
     catalog = {s.name: s for s in service.streams}
     streams = []
     for window in query.windows:
@@ -70,7 +69,7 @@ def sink_layout(service: JobSettings, query: Query, name: str) -> ResultLayout:
         fields = chosen + ([spec.time_field] if spec.time_field not in chosen else [])
         streams.append(StreamLayout(spec.name, service.topic_of(spec), spec.format == "blocks",
                                     tuple((f, spec.fields[f]) for f in fields), spec.time_field, ()))
-    return ResultLayout(name, "hash", tuple(streams))
+    return ResultLayout(name, "query", tuple(streams))
 
 
 @dataclass
@@ -113,9 +112,11 @@ class Router:
         self.lock = threading.RLock()
         self.routes: dict[str, Route] = {}
         self.targets: dict[str, Target] = {}
+        self.writers: dict[str, ResultWriter] = {}  # query -> the writer of its sink
         self.group = f"{service.job}-queries-router"
         self.consumer = cluster.consumer(self.group)
         self.producer = cluster.producer(f"{service.job}-queries-router")
+        self.deliveries = Deliveries()  # failures fail the cycle's commit; cleared each cycle
         self.assigned: set[str] = set()
         self.version_of: dict[str, str] = {}  # results or commits topic -> the version writing it
         self.routed = 0  # results written to sinks since start
@@ -132,6 +133,7 @@ class Router:
 
     def set_target(self, query: str, target: Target) -> None:
         self.targets[query] = target
+        self.writers[query] = ResultWriter(target.sink, self.producer, self.deliveries, every_report=False)
 
     def newest(self, version: str) -> int:
         """The largest result time read from `version` so far (NO_TIME if none)."""
@@ -159,6 +161,7 @@ class Router:
                 by_version.setdefault(self.version_of[m.topic()], []).append(m)
         written = 0
         if messages:
+            self.deliveries.clear()
             self.producer.begin_transaction()
             for version, batch in by_version.items():
                 written += self._route(self.routes[version], batch)
@@ -199,25 +202,15 @@ class Router:
         route.newest = max(route.newest, int(columns[EVENT_TIME].max()))
         written = 0
         for query, (lo, hi) in route.segments.items():
-            target = self.targets[query]
-            mask = compensation_mask(columns, target.compensation, lo, hi)
+            mask = compensation_mask(columns, self.targets[query].compensation, lo, hi)
             if mask.any():
-                written += self._produce(target, Block({k: v[mask] for k, v in columns.items()}))
+                results = Block({k: v[mask] for k, v in columns.items()})
+                partitions = results[RESULT_ID_HI] % np.uint64(self.targets[query].sink.partitions)
+                written += self.writers[query].write(results, partitions.astype(np.int32))
         return written
 
-    def _produce(self, target: Target, results: Block) -> int:
-        values = encode_json(target.layout, results)
-        partitions = (results[RESULT_ID_HI] % np.uint64(target.partitions)).astype(np.int64).tolist()
-        for value, partition in zip(values, partitions):
-            while True:
-                try:
-                    self.producer.produce(target.sink, value=value, partition=partition)
-                    break
-                except BufferError:  # librdkafka's queue is full: let it deliver, then go on (it killed the router)
-                    self.producer.poll(0.05)
-        return len(values)
-
     def _commit(self) -> None:
+        self.deliveries.check()  # a report already in: fail before committing
         positions = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
         self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(), 30)
         self.producer.commit_transaction(60)

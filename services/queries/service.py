@@ -34,6 +34,7 @@ from streamjoin.services.queries.deploy import Deployer, version_job, version_jo
 from streamjoin.services.queries.registry import Registry, VersionRecord
 from streamjoin.services.queries.router import Router, Target, sink_layout
 from streamjoin.services.queries.source_index import SourceIndex
+from streamjoin.services.worker.output import ResultSink
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 from streamjoin.topology.reuse.compensation import Compensation
@@ -235,7 +236,7 @@ class ReuseService:
         # covers differ, and re-applying a selection the cover enforced costs one mask.
         full = Compensation(selections=query.selections, columns=query.columns,
                             range_ms=tuple((w.stream, w.range_ms) for w in query.windows), slide_ms=query.slide_ms)
-        return Target(registration.sink, self.spec.operator_partitions, full, layout)
+        return Target(ResultSink(registration.sink, self.spec.operator_partitions, layout, "json"), full)
 
     # ------------------------------------------------------------ ending
     def _end(self, record: QueryRecord) -> None:

@@ -66,7 +66,7 @@ from streamjoin.schemas.result_codec import decode_results, result_columns, resu
 from streamjoin.schemas.splitjoin import CoreMeta, Headers, SplitJoinWireError, decode_core_release
 from streamjoin.services import collector, faults, kafka, metrics
 from streamjoin.services.shutdown import StopFlag, started
-from streamjoin.services.worker.output import Deliveries, ResultWriter, flush
+from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter, flush
 from streamjoin.services.worker.ring import ring_plan
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
@@ -375,7 +375,7 @@ class Merger:
         self.control_out = cluster.producer()
         self.consumer = cluster.consumer(f"{job.consumer_group}-{MERGER}")
         self.deliveries = Deliveries()
-        self.results = ResultWriter(job, self.producer, self.deliveries, every_report=False)
+        self.results = ResultWriter(ResultSink.of_job(job), self.producer, self.deliveries, every_report=False)
         self.results_end = 0
         self.published: int | None = None  # the release watermark last written to the commits topic
         self.rewritten = id_keys(np.empty(0), np.empty(0))  # ids an aborted attempt wrote after the checkpoint

@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
 import numpy as np
@@ -138,24 +139,40 @@ def _fenced_in_flush(error: object) -> KafkaException:
     return KafkaException(KafkaError(KafkaError._FENCED, f"producer failed fatally in flush: {error!r}", fatal=True))
 
 
+@dataclass(frozen=True)
+class ResultSink:
+    """Where a ResultWriter writes and what its records look like: `topic` with `partitions`
+    partitions, records of `layout` in `format` (json, avro or blocks)."""
+
+    topic: str
+    partitions: int
+    layout: result_codec.ResultLayout
+    format: str
+
+    @classmethod
+    def of_job(cls, job: JobSettings) -> ResultSink:
+        """A job's results topic, in the job's `output.format`."""
+        return cls(job.results_topic, job.partitions, result_codec.result_layout(job), job.output.format)
+
+
 class ResultWriter:
-    """The one writer of results: a result block as the job's `output.format` records,
-    produced in bulk to the results topic.
+    """The one writer of results: a result block as `sink`'s records, produced in bulk (a
+    job's results topic; the query service's sinks).
 
     `every_report`: ask for a delivery report of every record (needed without
     transactions, where a report is the only sign of a failed delivery); otherwise only
     each partition's last record of a call reports (its offset), and a failed delivery
     fails the transaction's commit."""
 
-    def __init__(self, job: JobSettings, producer: Producer, deliveries: Deliveries, every_report: bool) -> None:
-        self.job, self.producer, self.deliveries, self.every_report = job, producer, deliveries, every_report
-        self.layout = result_codec.result_layout(job)
-        self.format = job.output.format
+    def __init__(self, sink: ResultSink, producer: Producer, deliveries: Deliveries, every_report: bool) -> None:
+        self.sink, self.producer, self.deliveries, self.every_report = sink, producer, deliveries, every_report
+        self.layout, self.format = sink.layout, sink.format
 
-    def write(self, block: Block, group: int | None = None, blocks_key: bytes = b"") -> int:
+    def write(self, block: Block, group: int | np.ndarray | None = None, blocks_key: bytes = b"") -> int:
         """Produce `block`'s results; hash mode passes its `group` (= the results partition of
-        every key in it), ring mode lets each key pick its partition. `blocks_key` keys the
-        records of `output.format: blocks`. Returns the number of records produced."""
+        every key in it), the query router one partition per result, ring mode lets each key
+        pick its partition. `blocks_key` keys the records of `output.format: blocks`. Returns
+        the number of records produced."""
         if self.format == "blocks":
             values = result_codec.encode_blocks(block)
             return self._write(block, values, [blocks_key] * len(values), group)
@@ -190,7 +207,7 @@ class ResultWriter:
         """Produce `values` keyed by `keys` to `partitions` (one per record, one for all, or None:
         each key's own), and meter `block`, the results they hold."""
         if partitions is None:
-            partitions = partitions_for_keys(keys, self.job.partitions)
+            partitions = partitions_for_keys(keys, self.sink.partitions)
         elif isinstance(partitions, int):
             partitions = np.full(len(values), partitions, np.int32)
         if isinstance(keys, pa.Array):
@@ -198,11 +215,12 @@ class ResultWriter:
         self._produce(keys, values, partitions)
         if len(block):
             metrics.RESULTS_OUT.inc(len(block))
+        if len(block) and "newest_arrival_ms" in block.columns:  # the router's come from records, without it
             metrics.DELAY_SECONDS.observe_many((block["produced_ms"] - block["newest_arrival_ms"]) / 1000.0)
         return len(values)
 
     def _produce(self, keys: list[bytes], values: list[bytes], partitions: np.ndarray) -> None:
-        topic = self.job.results_topic
+        topic = self.sink.topic
         order = np.argsort(partitions, kind="stable")
         cuts = np.flatnonzero(np.diff(partitions[order])) + 1
         for rows in np.split(order, cuts):
@@ -271,7 +289,8 @@ class Emitter:
         self.epoch = 0  # the placement epoch the worker holds its groups at: stamped on every batch commit
         self.transactional = job.worker.exactly_once
         self.deliveries = Deliveries()
-        self.results = ResultWriter(job, producer, self.deliveries, every_report=not self.transactional)
+        self.results = ResultWriter(ResultSink.of_job(job), producer, self.deliveries,
+                                    every_report=not self.transactional)
         self.changelog = ChangelogWriter(job, producer, self.deliveries) if job.worker.changelog else None
         # Runs the transaction's blocking calls while the main thread does its `meanwhile` work.
         self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transaction")

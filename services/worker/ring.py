@@ -62,7 +62,7 @@ from streamjoin.schemas.results import RoundRelease
 from streamjoin.schemas.ring_epochs import RingCheckpoint, RingReplace, RingStart
 from streamjoin.services import collector, kafka, metrics
 from streamjoin.services.shutdown import StopFlag, started
-from streamjoin.services.worker.output import Deliveries, ResultWriter, flush, udf_dead_letters
+from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter, flush, udf_dead_letters
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.services.worker.ring_head import RingHead, ensure_hop_topic, now_ms, ranges_json
 from streamjoin.services.worker.ring_recovery import checkpointed_rounds, ranges_of, unwritten, written_ids
@@ -105,7 +105,7 @@ class RingWorker:
         self.head: RingHead | None = None
         self.layout_msg: control.RingLayout | None = None  # the coordinator's latest
         self.deliveries = Deliveries()
-        self.results = ResultWriter(job, self.out, self.deliveries, every_report=True)
+        self.results = ResultWriter(ResultSink.of_job(job), self.out, self.deliveries, every_report=True)
         self.health = metrics.HealthState()
         self.stop_flag = StopFlag()
         self.metrics_url = ""

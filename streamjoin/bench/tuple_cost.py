@@ -37,7 +37,7 @@ from streamjoin.services import workloads
 from streamjoin.services.worker import processor
 from streamjoin.services.worker.intake import routing_for
 from streamjoin.services.worker.main import Worker, input_topics, stream_templates
-from streamjoin.services.worker.output import Deliveries, ResultWriter
+from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter
 from streamjoin.settings import JobSettings, load
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -131,7 +131,8 @@ def run(rate: float = 5000, seconds: int = 90, window_ms: int = 30_000, partitio
     clock = Clock()
     plan = processor.join_plan(job)
     routings = [routing_for(job, partitions) for _ in job.streams]
-    writer = ResultWriter(job, DroppingProducer(), Deliveries(), every_report=False)  # type: ignore[arg-type]
+    sink = ResultSink.of_job(job)
+    writer = ResultWriter(sink, DroppingProducer(), Deliveries(), every_report=False)  # type: ignore[arg-type]
     worker = intake_worker(job)
     counted = results = 0
     steady = len(records) * (window_ms * 1.2 / 1000) / seconds

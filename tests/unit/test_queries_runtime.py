@@ -3,6 +3,10 @@ registry records, the source filter every version's intake applies, the source i
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+
 import numpy as np
 import pytest
 
@@ -95,3 +99,19 @@ def test_the_source_index_answers_the_newest_sample_not_after_a_time() -> None:
     assert index.offsets_before(250) == {"t": {0: 20}}
     assert index.offsets_before(10_000) == {"t": {0: 40}}
     # before every sample it searches the record timestamps (tests/integration/test_source_index.py)
+
+
+def test_a_failed_service_loop_stops_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router's loop raising (once a full queue did, silently) ends the service: the flag
+    its exit code reads is set and uvicorn is sent the SIGTERM it stops on."""
+    from streamjoin.services.queries import main
+
+    class Failing:
+        def run(self, stop: threading.Event) -> None:
+            raise RuntimeError("Local: Queue full")
+
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(main.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    stop, failed = threading.Event(), threading.Event()
+    main.run_loop(Failing(), stop, failed)  # type: ignore[arg-type]
+    assert failed.is_set() and sent == [(os.getpid(), signal.SIGTERM)]

@@ -4,16 +4,19 @@ partition's records in the same order, in every output format."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamjoin.engine.block import Block
+from streamjoin.engine.result_ids import RESULT_ID_HI, RESULT_ID_LO
 from streamjoin.schemas.result_codec import result_layout
 from streamjoin.services.worker import output
-from streamjoin.services.worker.output import Deliveries, ResultWriter
+from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter
 from tests.unit.test_result_codec import FMTS, blocks, jobs
 
 
@@ -30,7 +33,8 @@ class RecordingProducer:
 
 def _written(job, write) -> tuple[int, dict[int, list[tuple[bytes, bytes]]]]:  # type: ignore[no-untyped-def]
     producer = RecordingProducer()
-    count = write(ResultWriter(job, producer, Deliveries(), every_report=False))  # type: ignore[arg-type]
+    writer = ResultWriter(ResultSink.of_job(job), producer, Deliveries(), every_report=False)  # type: ignore[arg-type]
+    count = write(writer)
     return count, dict(producer.records)
 
 
@@ -52,3 +56,22 @@ def test_groups_written_together_are_each_group_written_alone(data: st.DataObjec
     alone = _written(job, lambda writer: sum(writer.write(block, group=g) for g, block in per_group))
     assert together == alone
     assert set(together[1]) == {g for g, block in per_group if len(block)}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_query_sink_gets_each_result_keyed_by_its_id_at_the_partition_given(data: st.DataObject) -> None:
+    """The query router's use: results decoded from records (no arrival column), one partition
+    each chosen by the caller, JSON records keyed by the 32-hex result id."""
+    job = data.draw(jobs(output="json"))
+    layout = dataclasses.replace(result_layout(job), mode="query")
+    drawn = data.draw(blocks(layout))
+    block = Block({k: v for k, v in drawn.columns.items() if k != "newest_arrival_ms"})
+    partitions = np.array(data.draw(st.lists(st.integers(0, 2), min_size=len(block), max_size=len(block))), np.int32)
+    producer = RecordingProducer()
+    writer = ResultWriter(ResultSink("q-1.sink", 3, layout, "json"), producer, Deliveries(), every_report=False)
+    assert writer.write(block, partitions) == len(block)  # type: ignore[arg-type]
+    ids = [f"{hi:016x}{lo:016x}".encode() for hi, lo in zip(block[RESULT_ID_HI].tolist(), block[RESULT_ID_LO].tolist())]
+    for p in range(3):
+        assert [key for key, _ in producer.records.get(p, [])] == [i for i, q in zip(ids, partitions) if q == p]
