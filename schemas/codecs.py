@@ -27,7 +27,6 @@ from typing import Callable, Sequence
 
 import fastavro
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
@@ -84,6 +83,8 @@ def join_keys(spec: StreamSpec, table: pa.Table) -> np.ndarray:
         return np.zeros(table.num_rows, dtype=np.int64)
     if len(spec.key_fields) == 1 and spec.fields[spec.key_fields[0]] == "int":
         return table.column(spec.key_fields[0]).to_numpy().astype(np.int64)
+    import pandas as pd  # here, not at the top: 0.4 s of every process's start, and only string keys need it
+
     frame = pd.DataFrame({k: table.column(k).to_pandas() for k in spec.key_fields})
     return pd.util.hash_pandas_object(frame, index=False).to_numpy().view(np.int64)
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from confluent_kafka import Producer, TopicPartition
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
-from streamjoin.launcher import wait_drained, write_job
+from streamjoin.launcher import committed_offsets, wait_drained, write_job
 from streamjoin.schemas import cql
 from streamjoin.schemas.result_codec import decode_results
 from streamjoin.services import broker as embedded
@@ -243,6 +243,25 @@ def wait_routed(job: JobSettings, bootstrap: str, work_dir: Path, timeout: float
             raise TimeoutError(f"router did not route {version.job}'s results")
 
 
+def wait_versions_running(job: JobSettings, bootstrap: str, work_dir: Path, timeout: float = 120) -> None:
+    """Until every live operator version has committed a batch (its worker runs). The test
+    restarts the service only then: a version stopped before its first batch starts again that
+    much later after its barrier, and a version must start within queries.catchup_ms of it (the
+    documented bound, README "How it shares"). On a slow machine (CI, 2026-11-27: processes 10-14 s
+    to start) a restart in that gap started one 35 s after its barrier, and its backfill's
+    re-routed tuples reached it behind its watermark: dead-lettered as late."""
+    deadline = time.monotonic() + timeout
+    cluster = kafka.Cluster(bootstrap)
+    while True:
+        _, versions = Registry(job, cluster).load()
+        waiting = [r.job for r in versions.values() if not r.retired and not any(
+            offset >= 0 for offset in committed_offsets(load(work_dir / r.job / "job.yaml"), bootstrap).values())]
+        if not waiting:
+            return
+        assert time.monotonic() < deadline, f"operator versions not running in time: {waiting}"
+        time.sleep(0.5)
+
+
 def _retired(job: JobSettings, cluster: kafka.Cluster, version: str) -> bool:
     """Whether the registry now holds operator version `version` as retired."""
     _, versions = Registry(job, cluster).load()
@@ -283,6 +302,7 @@ def test_twenty_overlapping_queries_are_each_exact(tmp_path: Path) -> None:
             ids = []
             for n in range(20):
                 if n == 10:  # the registry survives a restart: the service carries on from it
+                    wait_versions_running(job, broker.bootstrap, work_dir)
                     before = service.call("GET", "/queries")
                     service.stop()
                     service.start()
