@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from streamjoin.engine.block import Block
-from streamjoin.engine.outer import optional_streams
+from streamjoin.engine.outer import NEWEST_ARRIVAL, optional_streams
 from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO,
                                           parse_result_id_hex)
 from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, encode_block, read_ipc
@@ -64,7 +64,7 @@ __all__ = ["ROWS_PER_CHUNK", "DROPPED_COLUMNS", "StreamLayout", "ResultLayout", 
            "results_avro_schema", "result_keys", "decode_results"]
 
 ROWS_PER_CHUNK = 50_000  # blocks format: rows per record; fixed, so a replayed batch chunks identically
-DROPPED_COLUMNS = ("newest_arrival_ms",)  # internal (delay metrics), never written
+DROPPED_COLUMNS = (NEWEST_ARRIVAL,)  # internal (delay metrics), never written
 _INDEX_MASK = (1 << BLOCK_SHIFT) - 1
 _AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boolean", "bytes": "bytes"}
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "bytes": pa.binary()}

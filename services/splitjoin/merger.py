@@ -56,6 +56,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from streamjoin.engine.block import Block, concat
+from streamjoin.engine.outer import NEWEST_ARRIVAL
 from streamjoin.engine.result_ids import PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO
 from streamjoin.engine.splitjoin.core import sequence_columns
 from streamjoin.engine.splitjoin.merge import NO_LIMIT, CoreMark, OrderedMerge
@@ -76,7 +77,6 @@ log = structlog.get_logger("streamjoin.splitjoin.merger")
 MERGER = "merger"  # the process name: crash steps, heartbeats, the transactional id's suffix
 CHECKPOINT_KEY = MERGER.encode()  # the merger topic is compacted: the newest checkpoint is what stays
 WRITTEN_STEP = "merger-written"  # faults: results flushed, checkpoint not produced yet
-NEWEST_ARRIVAL = "newest_arrival_ms"  # internal result column (delay metrics), never written
 _DTYPES = {"int": "int64", "float": "float64", "str": "U", "bool": "bool", "bytes": "S"}  # per field type
 # What a result column may arrive as, per dtype the merger holds it in ("U", "S": text of any width).
 _ACCEPTED_KINDS = {"int64": "iu", "uint64": "iu", "int32": "iu", "float64": "f", "bool": "b", "U": "U", "S": "S"}

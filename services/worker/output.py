@@ -43,6 +43,7 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from streamjoin.engine.block import OFF, PART, Block, concat
+from streamjoin.engine.outer import NEWEST_ARRIVAL
 from streamjoin.engine.predicates import UDF_ERROR
 from streamjoin.engine.psp.plan import prefixed
 from streamjoin.schemas import result_codec
@@ -215,8 +216,8 @@ class ResultWriter:
         self._produce(keys, values, partitions)
         if len(block):
             metrics.RESULTS_OUT.inc(len(block))
-        if len(block) and "newest_arrival_ms" in block.columns:  # the router's come from records, without it
-            metrics.DELAY_SECONDS.observe_many((block["produced_ms"] - block["newest_arrival_ms"]) / 1000.0)
+        if len(block) and NEWEST_ARRIVAL in block.columns:  # the router's come from records, without it
+            metrics.DELAY_SECONDS.observe_many((block["produced_ms"] - block[NEWEST_ARRIVAL]) / 1000.0)
         return len(values)
 
     def _produce(self, keys: list[bytes], values: list[bytes], partitions: np.ndarray) -> None:
