@@ -27,10 +27,25 @@ class BrokerError(RuntimeError):
 
 
 _ISSUED_PORTS: set[int] = set()
+# A folder shared by processes that hand out ports side by side (the test runner's workers and the
+# benchmarks they start): a port is theirs once a file named after it is created there.
+PORT_CLAIMS_ENV = "STREAMJOIN_PORT_CLAIMS"
+
+
+def _claim(port: int) -> bool:
+    folder = os.environ.get(PORT_CLAIMS_ENV)
+    if not folder:
+        return True
+    try:
+        os.close(os.open(os.path.join(folder, str(port)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def free_port() -> int:
-    """A loopback port free now and never handed out before by this process.
+    """A loopback port free now and never handed out before by this process, nor by any other
+    process claiming ports in the folder `STREAMJOIN_PORT_CLAIMS` names.
 
     The kernel readily gives the same ephemeral port to two binds in a row once
     the first socket is closed; a fleet asks for several ports before any
@@ -40,7 +55,7 @@ def free_port() -> int:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        if port not in _ISSUED_PORTS:
+        if port not in _ISSUED_PORTS and _claim(port):
             _ISSUED_PORTS.add(port)
             return port
 

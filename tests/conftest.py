@@ -1,8 +1,15 @@
+"""What every tier shares: the Hypothesis profile, the tier markers, and one Spark per test process."""
+
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import pytest
+
+import tests.profiles  # noqa: F401  (loads the Hypothesis profile named by HYPOTHESIS_PROFILE)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -16,3 +23,36 @@ def spark() -> Iterator[SparkSession]:
     session = local_session("streamjoin-tests")
     yield session
     session.stop()
+
+
+TIERS = ("unit", "integration", "bench", "fuzz", "spark")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The one tier a test belongs to: bench (a `streamjoin bench --quick` run, marked so by its
+    module), fuzz, spark (starts a JVM: marked, or uses the `spark` fixture), integration (real
+    services on a broker: marked, or under tests/integration), else unit (in-process, seconds)."""
+    for tier in ("bench", "fuzz", "spark", "integration"):
+        if item.get_closest_marker(tier) is not None:
+            return tier
+    if "spark" in getattr(item, "fixturenames", ()):
+        return "spark"
+    return "integration" if "integration" in Path(str(item.path)).parts else "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item)
+        if item.get_closest_marker(tier) is None:
+            item.add_marker(getattr(pytest.mark, tier))
+        # One JVM per run, not one per xdist worker: tests that share the in-process Spark run
+        # on the same worker (`--dist loadgroup`).
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ports handed to services are claimed in one folder for the whole run, so test processes
+    running side by side (pytest-xdist) never hand out the same port (services/broker.free_port)."""
+    if "STREAMJOIN_PORT_CLAIMS" not in os.environ and not hasattr(config, "workerinput"):
+        os.environ["STREAMJOIN_PORT_CLAIMS"] = tempfile.mkdtemp(prefix="streamjoin-ports-")

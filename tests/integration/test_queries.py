@@ -35,6 +35,7 @@ from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
 from tests.integration.kafka_harness import dead_letters, read_all
 from tests.unit.queries_api_fuzz import fuzz_app
+from tests.profiles import examples
 
 pytestmark = pytest.mark.integration
 
@@ -389,7 +390,7 @@ def test_the_real_service_answers_its_openapi_fuzz_without_a_server_error(tmp_pa
         deployer = TopicsOnly(broker.bootstrap)
         service = ReuseService(job, cluster, deployer)
         service.open()
-        statuses = fuzz_app(create_app(service), max_examples=25)
+        statuses = fuzz_app(create_app(service), max_examples=examples(25))
         registered = service.queries()
     posted = {status for (label, status) in statuses if label == "POST /queries"}
     assert {201, 422} <= posted, statuses  # real plans were made, and bad queries refused

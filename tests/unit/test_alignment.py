@@ -12,11 +12,12 @@ from streamjoin.engine.window_join import NO_TIME
 from streamjoin.services.worker.alignment import paused_streams
 from streamjoin.services.worker.main import next_interval_ms
 from streamjoin.settings import load
+from tests.profiles import examples
 
 heads = st.one_of(st.just(NO_TIME), st.integers(-(1 << 40), 1 << 40))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.data(), groups=st.integers(1, 6), streams=st.integers(2, 3), bound=st.integers(0, 100_000))
 def test_a_stream_is_paused_exactly_when_it_is_past_the_bound_of_the_slowest_readable_one(
         data: st.DataObject, groups: int, streams: int, bound: int) -> None:

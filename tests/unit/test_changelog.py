@@ -20,6 +20,7 @@ from streamjoin.state.store import Store
 from streamjoin.state.transaction import StateTransaction, TransactionStateError, TxState, Write
 from streamjoin.state.windowed import WindowedStore
 from tests.unit.test_state import GROUP, _feed, _job, _snapshot
+from tests.profiles import examples
 
 
 class _Log:
@@ -113,7 +114,7 @@ _keys = st.sampled_from([b"g/00002/ckpt"] + [b"g/00002/w/00/%012d" % i for i in 
 _values = st.one_of(st.binary(max_size=64), st.integers(1, 3).map(lambda n: b"v" * (CHUNK_BYTES * n - 7)))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(_keys, st.one_of(st.none(), _values)), max_size=30))
 def test_any_sequence_of_writes_replays_to_what_a_dict_holds(ops: list[tuple[bytes, bytes | None]]) -> None:
     model: dict[bytes, bytes] = {}

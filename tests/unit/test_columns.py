@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamjoin.schemas.columns import binary_array, fixed_width_array, string_array
+from tests.profiles import examples
 
 ascii_text = st.text(st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=12)
 any_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(values=st.lists(st.one_of(ascii_text, any_text), max_size=30))
 def test_a_str_column_is_the_text_numpy_holds(values: list[str]) -> None:
     column = np.array(values, dtype=str) if values else np.zeros(0, "U1")
@@ -22,14 +23,14 @@ def test_a_str_column_is_the_text_numpy_holds(values: list[str]) -> None:
     assert string_array(column).type == pa.large_string()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(values=st.lists(st.binary(max_size=12), max_size=30))
 def test_a_bytes_column_is_the_bytes_numpy_holds(values: list[bytes]) -> None:
     column = np.array(values, dtype=bytes) if values else np.zeros(0, "S1")
     assert binary_array(column).to_pylist() == column.tolist()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(values=st.lists(st.one_of(st.none(), ascii_text, any_text), max_size=30), start=st.integers(0, 3),
        chunks=st.integers(1, 3), extra_width=st.integers(0, 4))
 def test_an_arrow_text_column_becomes_what_numpys_own_cast_makes(values: list[str | None], start: int, chunks: int,

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from streamjoin.engine.reference import RefWindow, reference_join
 from tests.unit.engine_harness import Arrival, reference_streams, run
+from tests.profiles import examples
 
 
 @st.composite
@@ -52,13 +53,13 @@ def _check(windows, lateness, arrivals, cuts, *, final: bool) -> None:
     assert all(any(a.ts < wm for a in arrivals if (f"t{a.stream}", 0, a.offset) == ref) for ref in late)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(rows=False))
 def test_time_windows_match_reference(case) -> None:
     _check(*case, final=False)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(rows=True))
 def test_count_windows_match_reference(case) -> None:
     _check(*case, final=True)

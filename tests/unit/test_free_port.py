@@ -1,6 +1,9 @@
-"""`free_port` never hands out one port twice, even when the kernel repeats itself."""
+"""`free_port` never hands out one port twice, even when the kernel repeats itself, nor a port
+another process claimed in the shared claims folder (test processes side by side)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +29,7 @@ class _ScriptedSocket:
 
 
 def test_a_port_the_kernel_repeats_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(broker.PORT_CLAIMS_ENV, raising=False)
     monkeypatch.setattr(broker, "_ISSUED_PORTS", set())
     monkeypatch.setattr(broker.socket, "socket", _ScriptedSocket)
     _ScriptedSocket.script = [40001, 40001, 40001, 40002]
@@ -36,3 +40,13 @@ def test_a_port_the_kernel_repeats_is_skipped(monkeypatch: pytest.MonkeyPatch) -
 def test_real_ports_are_distinct() -> None:
     ports = [broker.free_port() for _ in range(50)]
     assert len(set(ports)) == 50
+
+
+def test_a_port_another_process_claimed_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(broker.PORT_CLAIMS_ENV, str(tmp_path))
+    monkeypatch.setattr(broker, "_ISSUED_PORTS", set())
+    monkeypatch.setattr(broker.socket, "socket", _ScriptedSocket)
+    (tmp_path / "40001").touch()  # what another process's free_port left there
+    _ScriptedSocket.script = [40001, 40002]
+    assert broker.free_port() == 40002
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["40001", "40002"]

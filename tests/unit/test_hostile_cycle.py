@@ -21,6 +21,7 @@ from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
 from tests.unit.test_intake import Msg
 from tests.unit.test_poison import FIELDS, HOSTILE_JSON
+from tests.profiles import examples
 
 NOW = 10_000_000
 MAX_FUTURE = 60_000
@@ -46,7 +47,7 @@ def _job() -> JobSettings:
     return load(None, job="hc", partitions=1, streams=streams, join={"max_future_ms": MAX_FUTURE})
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arrivals=arrivals, cuts=st.lists(st.integers(0, 60), max_size=4))
 def test_good_records_join_exactly_and_each_hostile_one_is_dead_lettered_once(
         arrivals: list[tuple[int, tuple[str, int, int]]], cuts: list[int]) -> None:

@@ -17,6 +17,7 @@ from streamjoin.services.worker.intake import (H_ORIGIN_OFFSET, H_ORIGIN_PARTITI
                                                decode_by_group, routing_for)
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology.partitioner import key_bytes, partition_for
+from tests.profiles import examples
 
 PARTITIONS = 8
 
@@ -154,7 +155,7 @@ copies = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0,
                   min_size=1, max_size=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(runs=copies, marks=st.dictionaries(st.tuples(st.integers(0, 2), st.integers(0, 2)), st.integers(-1, 20)))
 def test_each_forwarded_record_is_taken_once(runs: list[tuple[int, int, int, int]],
                                              marks: dict[tuple[int, int], int]) -> None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from streamjoin.schemas import codecs
 from streamjoin.schemas.codecs import arrow_schema, decode_json
 from streamjoin.settings import StreamSpec
+from tests.profiles import examples
 
 SPEC = StreamSpec(name="r", fields={"k": "int", "ts": "int", "pad": "str"}, time_field="ts", key_fields=["k"],
                   window={"range_ms": 10})
@@ -65,7 +66,7 @@ def _arrow(lines_joined: bytes) -> pa.Table | None:
         return None
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(records=st.lists(lines(), min_size=1, max_size=2))
 def test_a_batch_the_scanner_reads_is_what_arrow_reads(records: list[bytes]) -> None:
     joined = b"\n".join(records)

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from streamjoin.schemas.control import Heartbeat, Placement, decode_control
 from streamjoin.services.coordinator.moves import Moves
+from tests.profiles import examples
 
 
 def _beat(worker: str, groups: list[int], epoch: int, sizes: dict[int, int] | None = None) -> Heartbeat:
@@ -217,7 +218,7 @@ class Cluster(RuleBasedStateMachine):
 
 
 TestCluster = Cluster.TestCase
-TestCluster.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestCluster.settings = settings(max_examples=examples(150), stateful_step_count=40, deadline=None)
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -226,7 +227,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
 _kinds = st.sampled_from(["move-group", "drain-worker", "heartbeat", "assignment", "ring-change", "nope"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(st.binary(max_size=64),
                  st.builds(lambda kind, body: json.dumps({"type": kind} | body).encode(), _kinds,
                            st.dictionaries(st.sampled_from(["group", "to", "worker", "groups", "epoch", "wall_ms"]),

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from streamjoin.topology.partitioner import (key_bytes, key_text, murmur2, murmur2_many, partition_for,
                                              partitions_for_keys)
+from tests.profiles import examples
 
 # Kafka's clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java testMurmur2, and the
 # values Akka's Murmur2Spec took from Kafka's implementation.
@@ -41,7 +42,7 @@ def test_vectorised_murmur2_matches_kafkas_test_vectors() -> None:
     assert murmur2_many(list(KAFKA_VECTORS)).tolist() == list(KAFKA_VECTORS.values())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.binary(min_size=0, max_size=300), max_size=40))
 def test_vectorised_murmur2_equals_the_scalar_one(keys: list[bytes]) -> None:
     got = murmur2_many(keys)
@@ -49,7 +50,7 @@ def test_vectorised_murmur2_equals_the_scalar_one(keys: list[bytes]) -> None:
     assert got.tolist() == [murmur2(k) for k in keys]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.binary(max_size=40), min_size=1, max_size=30), st.data())
 def test_murmur2_reads_sliced_string_and_large_arrow_arrays(keys: list[bytes], data: st.DataObject) -> None:
     start = data.draw(st.integers(0, len(keys)))
@@ -60,7 +61,7 @@ def test_murmur2_reads_sliced_string_and_large_arrow_arrays(keys: list[bytes], d
     assert murmur2_many(pa.array(texts, pa.string())[start:]).tolist() == [murmur2(t.encode()) for t in texts[start:]]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.binary(max_size=30), max_size=30), st.integers(1, 1000))
 def test_partitions_are_kafkas_default_partitioner(keys: list[bytes], partitions: int) -> None:
     got = partitions_for_keys(keys, partitions)
@@ -78,7 +79,7 @@ VALUES = {"int": INT64, "str": TEXT, "bool": st.booleans()}
 DTYPES = {"int": np.int64, "str": str, "bool": np.bool_}
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(FIELD, min_size=1, max_size=3), st.integers(0, 20), st.data())
 def test_key_text_is_the_canonical_text_of_every_row(types: list[str], n: int, data: st.DataObject) -> None:
     columns = [np.array(data.draw(st.lists(VALUES[t], min_size=n, max_size=n)), dtype=DTYPES[t]) for t in types]

@@ -19,6 +19,7 @@ from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
 from tests.unit.psp_harness import make_plan, pair_predicate, run_ring
 from tests.unit.test_psp_ring import scenarios
+from tests.profiles import examples
 
 
 def _checked(handle: Callable[..., Outbox]) -> Callable[..., Outbox]:
@@ -51,7 +52,7 @@ def forwarding_early() -> Iterator[None]:
         yield
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_ring_forwarding_early_equals_reference_join(sc: dict) -> None:
     plan = make_plan(sc["windows"], sc["terms"], sc["orders"])

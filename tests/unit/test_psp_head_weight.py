@@ -13,6 +13,7 @@ from streamjoin.engine.psp.head import RoundPlanner, slice_bounds
 from streamjoin.engine.reference import RefWindow
 from tests.unit.psp_harness import make_plan
 from tests.unit.test_psp_ring import check_scenario, scenarios
+from tests.profiles import examples
 
 SIZE = 1000
 
@@ -92,7 +93,7 @@ def test_auto_head_weight_follows_a_resize() -> None:
     assert planner.bounds == slice_bounds(_plan(), wide, head_weight=cost_model.balanced_head_weight(4))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios(), weight=st.sampled_from([0.0, 0.3, 1.0]))
 def test_a_ring_with_a_light_head_equals_the_reference(sc: dict, weight: float) -> None:
     """Theorem 2 holds for any slice widths: the head keeping little or nothing changes where

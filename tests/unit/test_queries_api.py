@@ -31,6 +31,7 @@ from streamjoin.services.queries.api import (
 )
 from streamjoin.services.queries.client import QueryClient, QueryRefused, ServiceUnavailable
 from tests.unit.queries_api_fuzz import fuzz_app
+from tests.profiles import examples
 
 REGIONS = ("eu", "us")
 SQL = "SELECT a.k, b.v FROM a [RANGE 5 MINUTES], b [RANGE 1 MINUTE] WHERE a.k = b.k AND a.c IN ('DL', 'UA')"
@@ -385,7 +386,7 @@ def test_openapi_documents_the_error_bodies(http: TestClient) -> None:
 
 
 def test_fuzz_against_the_openapi_document() -> None:
-    statuses = fuzz_app(create_app(FakeQueryService()), max_examples=50)
+    statuses = fuzz_app(create_app(FakeQueryService()), max_examples=examples(50))
     seen = {status for (label, status) in statuses if label == "POST /queries"}
     assert {201, 422} <= seen, statuses  # the run got past validation and was refused too
     assert any(label == "GET /queries/{query_id}" and status == 404 for label, status in statuses)
@@ -396,7 +397,7 @@ def test_fuzz_against_the_openapi_document() -> None:
 def test_fuzzing_catches_a_broken_service(broken: type[FakeQueryService], error: type[Exception]) -> None:
     """The app answers 500 and re-raises (Starlette's server-error middleware): the fuzz run stops on it."""
     with pytest.raises(error):
-        fuzz_app(create_app(broken()), max_examples=5)
+        fuzz_app(create_app(broken()), max_examples=examples(5))
 
 
 # ------------------------------------------------------------------ client

@@ -33,6 +33,7 @@ from streamjoin.schemas.result_codec import (ROWS_PER_CHUNK, ResultLayout, decod
                                              results_avro_schema)
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology.partitioner import partition_for, partitions_for_keys
+from tests.profiles import examples
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "streamjoin"
@@ -193,7 +194,7 @@ ENCODERS = {"json": encode_json, "avro": encode_avro}
 # ------------------------------------------------------------------ encoders
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_json_values_are_what_json_dumps_writes(data: st.DataObject) -> None:
     layout = result_layout(data.draw(jobs()))
@@ -201,7 +202,7 @@ def test_json_values_are_what_json_dumps_writes(data: st.DataObject) -> None:
     assert encode_json(layout, block) == reference_json(layout, block)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_avro_values_are_what_fastavro_writes(data: st.DataObject) -> None:
     layout = result_layout(data.draw(jobs(output="avro")))
@@ -301,7 +302,7 @@ def test_ring_mode_keys_are_the_hex_ids() -> None:
 # ---------------------------------------------------------------- readers
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.sampled_from(FMTS))
 def test_every_format_round_trips_through_its_reader(data: st.DataObject, fmt: str) -> None:
     layout = result_layout(data.draw(jobs(output="avro" if fmt == "avro" else "json")))
@@ -318,7 +319,7 @@ JUNK = st.one_of(st.binary(max_size=60), st.none(), st.sampled_from([
     b'{"a":1}\n{"b":2}', b'{"a":1} {"b":2}']))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.sampled_from(FMTS))
 def test_readers_reject_junk_by_position_and_keep_the_rest(data: st.DataObject, fmt: str) -> None:
     layout = result_layout(data.draw(jobs(output="avro" if fmt == "avro" else "json", max_streams=3)))
@@ -335,7 +336,7 @@ def test_readers_reject_junk_by_position_and_keep_the_rest(data: st.DataObject, 
     assert_columns_equal(decoded.columns, block, json_floats=fmt == "json")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.sampled_from(FMTS))
 def test_damaged_records_never_raise(data: st.DataObject, fmt: str) -> None:
     layout, block = seed000_block(3, seed=data.draw(st.integers(0, 100)))

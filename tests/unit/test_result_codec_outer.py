@@ -25,6 +25,7 @@ from streamjoin.schemas.result_codec import (ResultLayout, decode_results, encod
                                              result_columns, result_keys, result_layout, results_avro_schema)
 from streamjoin.settings import JobSettings
 from tests.unit.test_result_codec import FMTS, VALUES, assert_columns_equal, blocks, expected_record
+from tests.profiles import examples
 
 JOIN_TYPES = ["inner", "left", "right", "full", "semi", "anti"]
 OPTIONAL = {"inner": (False, False), "left": (False, True), "right": (True, False), "full": (True, True),
@@ -112,7 +113,7 @@ def test_layout_marks_the_streams_a_result_may_lack() -> None:
         assert tuple(s.optional for s in result_layout(outer_job(join_type)).streams) == optional, join_type
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_json_values_are_what_json_dumps_writes_with_null_members(data: st.DataObject) -> None:
     layout = result_layout(data.draw(outer_jobs()))
@@ -122,7 +123,7 @@ def test_json_values_are_what_json_dumps_writes_with_null_members(data: st.DataO
     assert encode_json(layout, block) == want
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_avro_values_are_what_fastavro_writes_with_the_published_schema(data: st.DataObject) -> None:
     layout = result_layout(data.draw(outer_jobs(output="avro")))
@@ -192,7 +193,7 @@ def test_a_result_lacking_the_first_member_is_keyed_by_the_seconds_key(join_type
 # ---------------------------------------------------------------- readers
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.sampled_from(FMTS))
 def test_null_padded_results_round_trip_through_every_reader(data: st.DataObject, fmt: str) -> None:
     layout = result_layout(data.draw(outer_jobs(output="avro" if fmt == "avro" else "json")))
@@ -324,7 +325,7 @@ def test_blocks_reader_takes_minus_one_refs_of_optional_streams_only() -> None:
 MEMBER_PATHS = ["inputs.r", "inputs.s", "r", "s"]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.sampled_from(["json", "avro"]))
 def test_nulled_members_decode_exactly_when_they_form_one_absent_member(data: st.DataObject, fmt: str) -> None:
     """Any set of members nulled in a record: it reads back iff the nulls are none, or the ref and
@@ -350,7 +351,7 @@ def test_nulled_members_decode_exactly_when_they_form_one_absent_member(data: st
         assert [r.index for r in decoded.rejects] == [0], nulled
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.sampled_from(FMTS))
 def test_damaged_null_padded_records_never_raise(data: st.DataObject, fmt: str) -> None:
     layout = result_layout(data.draw(outer_jobs(output="avro" if fmt == "avro" else "json")))

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamjoin.engine.result_ids import result_id_hex, result_ids
+from tests.profiles import examples
 
 MASK = (1 << 64) - 1
 
@@ -46,7 +47,7 @@ def expected_id(refs: list[tuple[str, int, int]]) -> str:
     return f"{hi:016x}{lo:016x}"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(topics=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=3),
        rows=st.integers(0, 6), data=st.data())
 def test_ids_are_the_documented_formula(topics: list[str], rows: int, data: st.DataObject) -> None:

@@ -18,6 +18,7 @@ from streamjoin.schemas.result_codec import result_layout
 from streamjoin.services.worker import output
 from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter
 from tests.unit.test_result_codec import FMTS, blocks, jobs
+from tests.profiles import examples
 
 
 class RecordingProducer:
@@ -44,7 +45,7 @@ def small_is_three(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(output, "SMALL_RESULTS", 3)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(data=st.data(), fmt=st.sampled_from(FMTS))
 def test_groups_written_together_are_each_group_written_alone(data: st.DataObject, fmt: str) -> None:
@@ -58,7 +59,7 @@ def test_groups_written_together_are_each_group_written_alone(data: st.DataObjec
     assert set(together[1]) == {g for g, block in per_group if len(block)}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_query_sink_gets_each_result_keyed_by_its_id_at_the_partition_given(data: st.DataObject) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from streamjoin.schemas.query import Column, Query, Registration, Selection, SourceWindow
 from streamjoin.topology.reuse.lattice import ReuseLattice, brute_force
 from streamjoin.topology.reuse.operator import OperatorDef, fold
+from tests.profiles import examples
 
 REGIONS = ["r0", "r1", "r2", "r3"]
 DOMAINS = {"k": [0, 1], "j": [0, 1], "x": [0, 1, 2], "y": ["p", "q"]}
@@ -79,7 +80,7 @@ def _agree(lattice: ReuseLattice, ops: dict[str, tuple[OperatorDef, int]], probe
     return found[0], found[1]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), count=st.integers(0, 40), removed=st.integers(0, 40))
 def test_search_equals_brute_force_through_adds_and_removes(seed: int, count: int, removed: int) -> None:
     rng = random.Random(seed)

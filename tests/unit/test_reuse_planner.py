@@ -27,6 +27,7 @@ from streamjoin.topology.reuse.operator import (
     OperatorError, answers, fold, for_query, relax, selection_map,
 )
 from streamjoin.topology.reuse.planner import Planner, PlanningError, UnknownQueryError
+from tests.profiles import examples
 
 MINUTE = 60_000
 
@@ -117,7 +118,7 @@ def _result_columns(data: dict[str, list[dict]], op, results: list[tuple]) -> di
             for name, values in columns.items()}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_compensated_output_equals_each_query_alone(scenario) -> None:
     data, regs = scenario
@@ -140,7 +141,7 @@ def test_compensated_output_equals_each_query_alone(scenario) -> None:
         assert np.all(release_ms(times, comp.slide_ms) >= release_ms(times, op.slide_ms))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.data())
 def test_fold_is_order_free_and_relax_leaves_an_answering_operator_unchanged(data) -> None:
     streams, joins = data.draw(shapes())
@@ -446,7 +447,7 @@ def _full_rank(planner: Planner, op_id: str | None, reg: Registration) -> tuple[
     return (total, changed, costs.cpu(widened) - costs.cpu(current) if changed else 0.0, 1 if changed else 0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.data())
 def test_planner_picks_the_best_option_and_operators_answer_their_queries(data) -> None:
     planner = Planner(THREE_REGIONS, CATALOG, _stats())

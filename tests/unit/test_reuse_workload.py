@@ -25,6 +25,7 @@ from streamjoin.services.workloads import (AIRLINE_FIELDS, CARRIER_CODES, airlin
 from streamjoin.settings import JobSettings, SettingsError, load
 from streamjoin.topology.reuse.compensation import compensation
 from streamjoin.topology.reuse.operator import for_query, relax
+from tests.profiles import examples
 
 JOB_FILE = "streamjoin/jobs/airline.yaml"
 T0 = 1_700_000_000_000
@@ -156,7 +157,7 @@ def test_templates_are_deterministic_and_prefix_stable() -> None:
     assert generate_queries(0, 3, REGIONS) == []
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), regions=st.lists(st.sampled_from(REGIONS), min_size=1, max_size=4, unique=True))
 def test_templates_compile_against_the_catalog(seed: int, regions: list[str]) -> None:
     """Every generated query compiles; its windows, slides, selections, sink and lifetime are

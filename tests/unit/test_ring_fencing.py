@@ -19,6 +19,7 @@ from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.output import flush
 from streamjoin.services.worker.ring import RingWorker
 from streamjoin.settings import load
+from tests.profiles import examples
 
 
 def _info() -> RoundInfo:
@@ -55,7 +56,7 @@ def test_epoch_records_round_trip_and_anything_else_is_none() -> None:
     assert control.decode_control(control.encode(failed)) == failed
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=80) | st.builds(lambda kind, body: json.dumps({"type": kind} | body).encode(),
                                           st.sampled_from(["ring-start", "ring-checkpoint", "ring-replace", "x"]),
                                           st.dictionaries(st.sampled_from(["worker", "incarnation", "checkpoint",
@@ -145,7 +146,7 @@ def test_a_forwarded_message_goes_on_as_the_bytes_received(tmp_path: Path) -> No
     assert wire.decode(*sent[1]) == End(_info(), 2) and wire.epoch_of(sent[1][1]) == 8
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=60), st.lists(st.tuples(st.sampled_from(["sj-kind", "sj-round", "sj-info", "sj-mark",
                                                                    "sj-stream", "sj-lap", "sj-members"]),
                                                   st.sampled_from([b"probe", b"end", b"mark", b"build", b"partial",

@@ -11,6 +11,7 @@ from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import RESULT_ID_HI, RESULT_ID_LO, result_id_hex
 from streamjoin.schemas.ring_epochs import LogMark
 from streamjoin.services.worker.ring_recovery import _logged, start_mark, unwritten
+from tests.profiles import examples
 
 
 def _mark(next_round: int, counts: list[int]) -> LogMark:
@@ -32,7 +33,7 @@ def test_rebuilding_starts_at_the_latest_place_before_every_kept_tuple() -> None
     assert (start.next_round, start.log_end) == (0, 0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.integers(1, 60))
 def test_the_start_never_skips_a_kept_tuple(steps: list[int], least: int) -> None:
     counts = np.cumsum(steps).tolist()
@@ -56,7 +57,7 @@ def test_a_redriven_round_skips_the_results_written_before() -> None:
     assert unwritten(block, np.empty(0, "S32")) is block  # nothing written since: every row goes
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.binary(max_size=60), st.lists(st.tuples(st.sampled_from(["sj-kind", "sj-round", "sj-info", "sj-head",
                                                                    "sj-epoch"]), st.binary(max_size=12)), max_size=5))
 def test_an_unreadable_round_log_record_is_skipped_never_raises(value: bytes, headers: list) -> None:

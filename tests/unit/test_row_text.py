@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from streamjoin.schemas import columns
 from streamjoin.schemas.columns import RowText
+from tests.profiles import examples
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 UINT64 = st.integers(0, (1 << 64) - 1)
@@ -72,7 +73,7 @@ def _append(text: RowText, kind: str, values: object) -> None:
         text.each(pa.array(values, pa.binary()))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(case=pieces(), run_bytes=st.sampled_from([1, 7, 64, columns.RUN_BYTES]))
 def test_rows_are_their_pieces_end_to_end(case: tuple[int, list[tuple[str, object]]], run_bytes: int) -> None:
     """Each row's record is its pieces in order, whatever runs the block is written in."""

@@ -16,6 +16,7 @@ from streamjoin.engine.runs import SortedRuns
 from streamjoin.engine.probe import distinct, sort_by_key_time
 from streamjoin.engine.window_join import empty_window, process_batch
 from tests.unit.engine_harness import plan_for
+from tests.profiles import examples
 
 Row = tuple[int, int, int, int]  # key, ts, off, arrival number (the order ties keep)
 
@@ -59,7 +60,7 @@ _step = st.one_of(st.tuples(st.just("add"), st.lists(_row, max_size=12)),
                   st.tuples(st.just("merged"), st.none()))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_step, max_size=40))
 def test_runs_hold_what_one_sorted_list_holds(steps: list) -> None:
     runs = SortedRuns(_block([]))
@@ -127,7 +128,7 @@ def test_a_small_batch_into_a_large_window_leaves_the_large_run_alone() -> None:
     assert window.tuples == 2 * 50_100
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(values=st.lists(st.integers(-3, 3), max_size=20), presort=st.booleans())
 def test_distinct_is_numpys_unique_sorted_or_not(values: list[int], presort: bool) -> None:
     """The probe's distinct keys: neighbours compared when the keys come sorted, np.unique otherwise."""

@@ -21,6 +21,7 @@ from streamjoin.services.spark.result_records import (ID_OK, RECORD_OK, RESULT_I
                                                       release_watermark)
 from streamjoin.settings import JobSettings, load
 from tests.unit.result_writer import Result, batch_commit, encode, result_block, result_id, round_release
+from tests.profiles import examples
 
 pytestmark = pytest.mark.spark
 
@@ -86,7 +87,7 @@ def jobs_and_results(draw, output: str) -> tuple[JobSettings, list[Result]]:
 
 @pytest.mark.parametrize("output", FORMATS)
 # Every example is a Spark job: no shrinking (minutes of them); a failure shows its example as drawn.
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(data=st.data())
 def test_results_decode_to_the_refs_they_were_written_from(spark, output: str, data: st.DataObject) -> None:

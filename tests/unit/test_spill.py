@@ -23,6 +23,7 @@ from streamjoin.state.spill import GroupActivity, choose_victims
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.topology.partitioner import key_bytes, partition_for
+from tests.profiles import examples
 
 PARTITIONS = 8
 GROUPS = (1, 5)
@@ -109,7 +110,7 @@ class _Run:
         return reference_join(self.refs, windows)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(w=workloads(), mode=st.sampled_from(["probe", "deferred"]))
 def test_spilled_output_equals_the_reference(tmp_path_factory, w: dict, mode: str) -> None:

@@ -22,6 +22,7 @@ from streamjoin.engine.splitjoin.input_order import InputOrder
 from streamjoin.engine.splitjoin.merge import OrderedMerge
 from streamjoin.engine.splitjoin.schedule import Schedule
 from tests.unit.psp_harness import Arrival, block_of, make_plan, pair_predicate, template, term_strategy, terms_of
+from tests.profiles import examples
 
 FLUSH_TS = 1 << 40  # a mark this late in every partition releases everything
 MAX_CORES = 4
@@ -113,7 +114,7 @@ def run_core(sc: dict, plan, position: int, rng: random.Random) -> tuple[list, d
     return outputs, numbering, late
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_merged_output_is_the_reference_join_in_input_order(sc: dict) -> None:
     rng = random.Random(sc["seed"])

@@ -16,6 +16,7 @@ from streamjoin.schemas.codecs import encode_block
 from streamjoin.schemas.splitjoin import CORE_HEADER, CoreMeta, encode_core_release, schedule_epochs
 from streamjoin.services import metrics
 from streamjoin.services.splitjoin.merger import Intake, MergerCheckpoint
+from tests.profiles import examples
 
 SEQ = ("r._g", "s._g")
 DTYPES = {"result_id_hi": "uint64", "r._g": "int64", "s._g": "int64"}
@@ -137,7 +138,7 @@ def core_histories(draw, core: int, cores: int, end: int) -> list[Record]:
     return records
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_restarts_from_any_checkpoint_write_every_result_once_in_order(data: st.DataObject) -> None:
     """Random core histories (aborted attempts, other boundaries, unfinished pieces), random
@@ -219,7 +220,7 @@ def _records(draw) -> tuple[int, bytes | None, list | None]:
     return partition, draw(_values), draw(_headers)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_records(), max_size=25), st.booleans())
 def test_garbage_records_never_raise(records: list, ordered: bool) -> None:
     merger = intake(3, ordered)

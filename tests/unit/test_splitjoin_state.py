@@ -25,6 +25,7 @@ from streamjoin.engine.splitjoin.schedule import Schedule
 from streamjoin.state import changelog
 from streamjoin.state import splitjoin as state
 from tests.unit.psp_harness import Arrival, block_of, make_plan, template, terms_of
+from tests.profiles import examples
 
 FLUSH_TS = 1 << 40
 
@@ -200,7 +201,7 @@ def run(sc: dict, position: int, seed: int, crashes: bool) -> Rig:
     return rig
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 1 << 30))
 def test_restore_rebuilds_the_live_core_and_a_crashed_core_finds_the_same_results(seed: int) -> None:
     rng = random.Random(seed)
@@ -355,7 +356,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                                                                                          max_size=4), max_leaves=20)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode()),
                  st.tuples(st.sampled_from(sorted(state.CoreCheckpoint.model_fields)), json_values)))
 def test_the_checkpoint_decoder_raises_nothing_but_its_error(raw: object) -> None:

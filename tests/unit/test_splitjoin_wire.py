@@ -18,6 +18,7 @@ from streamjoin.engine.splitjoin.schedule import Schedule
 from streamjoin.schemas.splitjoin import (CORE_HEADER, MARK_HEADER, CoreMeta, ScaleMark, SplitJoinWireError, TickMark,
                                           decode_core_release, encode_core_release, mark_headers, mark_of)
 from streamjoin.schemas import splitjoin as wire
+from tests.profiles import examples
 
 runner = CliRunner()
 headers = st.lists(st.tuples(st.sampled_from([CORE_HEADER, MARK_HEADER, "other"]),
@@ -30,7 +31,7 @@ headers = st.lists(st.tuples(st.sampled_from([CORE_HEADER, MARK_HEADER, "other"]
                                  b'{"kind":"tick","ts":5}', b'[]', b'null']))), max_size=3)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(value=st.one_of(st.none(), st.binary(max_size=2000)), hdrs=headers)
 def test_core_release_decoder_raises_only_its_own_error(value: bytes | None, hdrs: list) -> None:
     try:
@@ -41,7 +42,7 @@ def test_core_release_decoder_raises_only_its_own_error(value: bytes | None, hdr
     assert isinstance(block, Block)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(hdrs=headers)
 def test_mark_decoder_raises_only_its_own_error(hdrs: list) -> None:
     try:

@@ -21,6 +21,7 @@ from streamjoin.services.workloads import (generate, group_domains, group_keys, 
                                            poisson_times, sample, scenes, seed003_key_field)
 from streamjoin.settings import JobSettings, SettingsError, load
 from streamjoin.topology.partitioner import key_bytes, key_text, partition_for, partitions_for_keys
+from tests.profiles import examples
 
 JOBS = ["seed000", "band", "band3", "images"]
 DTYPE_KINDS = {"int": "i", "float": "f", "str": "U", "bool": "b", "bytes": "S"}
@@ -243,7 +244,7 @@ def test_seed003_needs_one_int_or_str_key_field(update: dict) -> None:
         _check_formats(job.model_copy(update={"streams": [job.streams[0], spec, job.streams[2]]}))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 64), st.integers(1, 20_000), st.lists(st.floats(0.5, 8.0), min_size=1, max_size=4),
        st.integers(0, 2**32 - 1))
 def test_seed003_fuzz_every_key_lands_in_its_group(partitions: int, tuple_range: int, ratios: list[float],
