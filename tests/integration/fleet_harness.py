@@ -9,14 +9,16 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from confluent_kafka import TopicPartition
 
 from streamjoin.launcher import Fleet, input_end_offsets, wait_drained, write_job
+from streamjoin.schemas.control import Heartbeat
 from streamjoin.schemas.results import BatchCommit
 from streamjoin.services import broker as embedded
 from streamjoin.services import kafka
+from streamjoin.services.coordinator.status import heartbeats_since
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job
@@ -46,6 +48,47 @@ def wait_metric(port: int, name: str, at_least: float, timeout: float) -> float:
             return value
         time.sleep(0.2)
     raise TimeoutError(f"{name} on port {port} stayed at {value}, below {at_least}, for {timeout}s")
+
+
+T = TypeVar("T")
+
+
+def wait_until(what: str, done: Callable[[], T], timeout: float = 60.0, fleet: Fleet | None = None,
+               interval: float = 0.2) -> T:
+    """Until `done()` returns something true, which is returned; `fleet`'s services are checked
+    meanwhile (restarted as `Fleet.supervise` does, RuntimeError when one is down for good).
+    TimeoutError naming `what` (and the services' last complaints) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if fleet is not None:
+            fleet.assert_running()
+        value = done()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            complaints = f"; services' last warnings: {fleet.complaints()}" if fleet is not None else ""
+            raise TimeoutError(f"{what}: not within {timeout}s{complaints}")
+        time.sleep(interval)
+
+
+def heartbeats_after(job: JobSettings, bootstrap: str, since_ms: int) -> list[Heartbeat]:
+    """Every heartbeat on the control topic written after wall clock `since_ms`, oldest first."""
+    window_s = max(1.0, time.time() - since_ms / 1000 + 1.0)
+    return [b for b in heartbeats_since(job, kafka.Cluster.of(job, bootstrap), window_s) if b.wall_ms > since_ms]
+
+
+def wait_heartbeats(job: JobSettings, bootstrap: str, workers: list[str], since_ms: int, count: int = 1,
+                    timeout: float = 60.0, fleet: Fleet | None = None) -> dict[str, list[Heartbeat]]:
+    """Until each of `workers` has written `count` heartbeats after wall clock `since_ms` (its
+    loop has gone round that often since): each worker's heartbeats since then, oldest first."""
+    def beats() -> dict[str, list[Heartbeat]] | None:
+        found: dict[str, list[Heartbeat]] = {w: [] for w in workers}
+        for b in heartbeats_after(job, bootstrap, since_ms):
+            if b.worker in found:
+                found[b.worker].append(b)
+        return found if all(len(found[w]) >= count for w in workers) else None
+
+    return wait_until(f"{count} heartbeats of each of {workers} after {since_ms}", beats, timeout, fleet, 0.3)
 
 
 def feed_in_two_batches(job: JobSettings, bootstrap: str, fleet: Fleet, rows: list[Row]) -> set[tuple[int, int]]:

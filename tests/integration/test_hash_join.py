@@ -15,7 +15,8 @@ from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import snapshot
 from streamjoin.launcher import wait_drained
 from tests.integration.conftest import make_job
-from tests.integration.fleet_harness import feed_in_two_batches, lose_disk_and_rewind, metric, wait_metric
+from tests.integration.fleet_harness import (feed_in_two_batches, lose_disk_and_rewind, metric, wait_heartbeats,
+                                             wait_metric)
 from tests.integration.kafka_harness import Row, check, produce
 
 pytestmark = pytest.mark.integration
@@ -146,11 +147,19 @@ def test_coordinator_restart_keeps_placement(broker, fleet_for, tmp_path) -> Non
     port = fleet.metrics_ports["coordinator"]
     wait_metric(port, "streamjoin_coordinator_groups_placed", 60, timeout=60)
     wait_metric(port, "streamjoin_coordinator_workers_alive", 2, timeout=60)
-    time.sleep(2 * job.worker.heartbeat_ms / 1000)  # any assignment it sent is applied and beaten back
+    # It has answered a heartbeat of each worker (any assignment it sent went out before its
+    # gauge moved): two heartbeat rounds later, each worker has applied it and beaten it back.
+    beats = wait_heartbeats(job, broker.bootstrap, ["w0", "w1"], int(time.time() * 1000), count=2, fleet=fleet)
     after = snapshot(job, kafka.Cluster(broker.bootstrap))
     assert after["epoch"] == before["epoch"] == 1
     placed = {w["worker"]: w["placed_groups"] for w in after["workers"]}
     assert placed == {w["worker"]: w["placed_groups"] for w in before["workers"]}
     assert sorted(g for groups in placed.values() for g in groups) == list(range(60))
+    # The workers still hold what they held, at the first epoch: no assignment moved anything.
+    assert {w: b[-1].groups for w, b in beats.items()} == placed
+    assert {b.epoch for bs in beats.values() for b in bs} == {1}
+    # The new coordinator loaded the stored placement; only the first one made one.
+    log = (fleet.log_dir / "coordinator.log").read_text()
+    assert log.count("placement made") == 1 and log.count("coordinator started") == 2, log[-2000:]
     wait_drained(job, broker.bootstrap, fleet, timeout=120)
     assert check(job, broker.bootstrap).exact

@@ -24,7 +24,7 @@ from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import snapshot
 from streamjoin.services.faults import marker_dir
 from tests.integration.conftest import make_job
-from tests.integration.fleet_harness import metric
+from tests.integration.fleet_harness import metric, wait_until
 from tests.integration.kafka_harness import Row, assert_spark_verified, check, commits, produce
 
 pytestmark = pytest.mark.integration
@@ -99,14 +99,14 @@ def _under_load(broker, fleet_for, tmp_path: Path, workers: int, partitions: int
 def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_path: Path) -> None:
     job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 3, PARTITIONS, TIMEOUTS)
     try:
-        time.sleep(4)
+        steady.wait_rows(4 * RATE)
         moved = next(g for g in _held(job, broker.bootstrap)["w0"])
         move_s = _cli(fleet.job_file, broker.bootstrap, "move", str(moved), "--to", "w2")
         assert moved in _held(job, broker.bootstrap)["w2"]
-        time.sleep(2)
+        steady.wait_rows(steady.rows + 2 * RATE)
         drain_s = _cli(fleet.job_file, broker.bootstrap, "drain", "w1")
         assert _held(job, broker.bootstrap)["w1"] == []
-        time.sleep(2)
+        steady.wait_rows(steady.rows + 2 * RATE)
         orphans = set(_held(job, broker.bootstrap)["w2"])
         fleet.restart_workers = False
         killed = time.monotonic()
@@ -116,7 +116,7 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
             assert time.monotonic() < deadline, "the dead worker's groups were not failed over within 90 s"
             time.sleep(0.5)
         failover_s = time.monotonic() - killed
-        time.sleep(2)
+        steady.wait_rows(steady.rows + 2 * RATE)
     finally:
         steady.stop_flag.set()
         steady.join(30)
@@ -141,27 +141,31 @@ def test_move_drain_and_failover_under_load_stay_exact(broker, fleet_for, tmp_pa
 def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, tmp_path: Path) -> None:
     """A worker stopped (SIGSTOP) past `worker_timeout_ms` is declared dead and its groups fail
     over; the receiver fences its transactions first, so when it is continued (SIGCONT, a
-    zombie) its next commit fails, it exits for a restart as a fresh worker (or, with nothing
-    in hand, stays on holding nothing), and nothing it wrote after the failover is visible:
-    the output stays exact."""
+    zombie) its next commit fails and it exits for a restart as a fresh worker, and nothing it
+    wrote after the failover is visible: the output stays exact. A zombie that had nothing in
+    hand when told it holds nothing stays on as a standby that can commit nothing more: it is
+    given a group, whose first commit ends it the same way."""
     job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL, TIMEOUTS)
     try:
-        time.sleep(3)
+        steady.wait_rows(3 * RATE)
         zombie = fleet.procs["w1"]
         zombie.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 90
         while sorted(_held(job, broker.bootstrap).get("w0", [])) != list(range(PARTITIONS_SMALL)):
             assert time.monotonic() < deadline, "the paused worker's groups were not failed over within 90 s"
             time.sleep(0.5)
-        time.sleep(2)
+        steady.wait_rows(steady.rows + 2 * RATE)  # input for the groups it held, while it is away
         zombie.send_signal(signal.SIGCONT)
-        try:  # fenced: its next commit fails and it exits for a clean restart
-            assert zombie.wait(30) == 75
-        except subprocess.TimeoutExpired:
-            # Or it had nothing in hand when told it holds nothing: a standby whose producer
-            # can commit nothing more (its first group would end it the same way).
-            assert _held(job, broker.bootstrap)["w1"] == []
-        time.sleep(2)
+        # Fenced: its next commit fails and it exits for a clean restart. Or it had nothing in
+        # hand when told it holds nothing (a heartbeat holding nothing: it let go without a
+        # commit): a standby whose producer can commit nothing more.
+        standby = wait_until("the zombie exited or stood by", lambda: zombie.poll() is not None
+                             or _held(job, broker.bootstrap).get("w1") == [], timeout=60) and zombie.poll() is None
+        if standby:  # its first group ends it the same way
+            _cli(fleet.job_file, broker.bootstrap, "move", "0", "--to", "w1", "--wait", "0")
+        assert zombie.wait(60) == 75
+        assert "transactions were fenced" in (fleet.log_dir / "w1.log").read_text()  # its own, the fenced path
+        steady.wait_rows(steady.rows + 2 * RATE)
     finally:
         steady.stop_flag.set()
         steady.join(30)
@@ -235,11 +239,11 @@ def test_a_move_stays_exact_with_a_crash_at_every_step(broker, fleet_for, tmp_pa
     restarted: the move completes, each group has one owner and the output is exact."""
     job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL, TIMEOUTS, MOVE_CRASHES)
     try:
-        time.sleep(2)
+        steady.wait_rows(2 * RATE)
         moved = _held(job, broker.bootstrap)["w0"][0]
         _cli(fleet.job_file, broker.bootstrap, "move", str(moved), "--to", "w1", "--wait", "0")
         _settle(job, broker.bootstrap, fleet, MOVE_CRASHES, lambda held: moved in held.get("w1", []), "the move")
-        time.sleep(2)
+        steady.wait_rows(steady.rows + 2 * RATE)
     finally:
         steady.stop_flag.set()
         steady.join(30)
@@ -263,11 +267,11 @@ def test_a_failover_stays_exact_with_a_crash_at_every_step(broker, fleet_for, tm
     and the output is exact."""
     job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL, TIMEOUTS, FAILOVER_CRASHES)
     try:
-        time.sleep(3)
+        steady.wait_rows(3 * RATE)
         fleet.kill("w1", signal.SIGKILL)
         _settle(job, broker.bootstrap, fleet, FAILOVER_CRASHES,
                 lambda held: sorted(held.get("w0", [])) == list(range(PARTITIONS_SMALL)), "the failover")
-        time.sleep(2)
+        steady.wait_rows(steady.rows + 2 * RATE)
     finally:
         steady.stop_flag.set()
         steady.join(30)

@@ -21,6 +21,7 @@ from streamjoin.services.broker import free_port
 from streamjoin.cli import app
 from streamjoin.launcher import wait_drained, write_job
 from tests.integration.conftest import make_job
+from tests.integration.fleet_harness import wait_heartbeats
 from tests.integration.kafka_harness import Row, produce, read_all
 from tests.integration.test_hash_join import rows_out_of_order
 from streamjoin.topology.partitioner import key_bytes, partition_for
@@ -70,7 +71,7 @@ def test_prometheus_scrapes_workers_and_evaluates_rules(broker, fleet_for, tmp_p
             tuples = _query(port, 'sum(streamjoin_tuples_in_total{component="worker"})')
             if tuples and float(tuples[0]["value"][1]) == len(rows):
                 break
-            time.sleep(2)
+            time.sleep(0.5)
         assert tuples and float(tuples[0]["value"][1]) == len(rows)
         late = _query(port, 'sum(streamjoin_dead_letter_total{reason="late"})')
         assert float(late[0]["value"][1]) == 1
@@ -79,7 +80,7 @@ def test_prometheus_scrapes_workers_and_evaluates_rules(broker, fleet_for, tmp_p
             up = _query(port, 'up{job="it"}')
             if len(up) == 3:
                 break
-            time.sleep(1)
+            time.sleep(0.5)
         assert sorted(r["metric"]["component"] for r in up) == ["coordinator", "worker", "worker"]
         assert all(r["value"][1] == "1" for r in up)
         status, body = _get(f"http://127.0.0.1:{port}/api/v1/rules")
@@ -103,8 +104,10 @@ def test_keys_land_where_kafkas_partitioner_puts_them(broker, tmp_path: Path) ->
 
 def test_status_shows_workers_groups_and_lag(broker, fleet_for, tmp_path: Path) -> None:
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
-    fleet_for(job, 2)
-    time.sleep(1.5)  # a fresh heartbeat after assignment
+    fleet = fleet_for(job, 2)
+    # Every group is held (wait_assigned); what `status` shows is each worker's newest heartbeat,
+    # so both must have beaten since: a heartbeat from before the assignment showed other groups.
+    wait_heartbeats(job, broker.bootstrap, ["w0", "w1"], since_ms=int(time.time() * 1000), fleet=fleet)
     result = CliRunner().invoke(app, ["status", "--json", "--job", str(write_job(job, tmp_path / "j.yaml"))])
     assert result.exit_code == 0, result.output
     snap = json.loads(result.output)

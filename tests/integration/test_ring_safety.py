@@ -13,13 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamjoin.launcher import Fleet, wait_drained, wait_layout, wait_ring_quiet
-from streamjoin.schemas.control import RING_FENCED_EXIT
+from streamjoin.launcher import (Fleet, committed_offsets, input_end_offsets, wait_drained, wait_layout,
+                                 wait_ring_quiet)
+from streamjoin.schemas.control import RING_FENCED_EXIT, Heartbeat
 from streamjoin.schemas.results import BatchCommit
 from streamjoin.services import broker as embedded
 from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import latest_heartbeats, snapshot
 from tests.integration.conftest import make_job
+from tests.integration.fleet_harness import wait_heartbeats, wait_until
 from tests.integration.kafka_harness import Row, check, commits, produce, produced_refs
 from tests.integration.ring_harness import band_rows, check_ring, produce_rows, ring_expected
 from tests.integration.test_ring import band3, ring_fleet
@@ -46,12 +48,21 @@ def test_a_held_back_source_partition_dead_letters_nothing(broker: embedded.Embe
     try:
         wait_layout(job, broker.bootstrap, fleet, ["w0"])
         produce_rows(job, broker.bootstrap, [rows[k] for k in ahead], partitions=[parts[k] for k in ahead])
-        time.sleep(3.0)  # the head reads the others' backlog, many rounds' worth, before partition 0 moves
+        # The head reads the others' backlog, many rounds' worth, before partition 0 moves: it
+        # commits its source offsets with every round it releases, so they reach the others' ends.
+        others = {tp: end for tp, end in input_end_offsets(job, broker.bootstrap).items() if tp[1] != 0}
+        assert sum(others.values()) == len(ahead)
+        wait_until("the head read every source partition but 0 to its end",
+                   lambda: all(committed_offsets(job, broker.bootstrap, list(others)).get(tp, -1) >= end
+                               for tp, end in others.items()), fleet=fleet)
+        # ... and holds every tuple of it back: partition 0, empty so far, holds the watermark.
+        read_ahead = wait_heartbeats(job, broker.bootstrap, ["w0"], int(time.time() * 1000), fleet=fleet)["w0"][-1]
         produce_rows(job, broker.bootstrap, [rows[k] for k in held], partitions=[0] * len(held))
         wait_ring_quiet(job, broker.bootstrap, fleet)
         result = check_ring(job, broker.bootstrap)
     finally:
         fleet.stop_all()
+    assert read_ahead.lag == len(ahead), (read_ahead.lag, len(ahead))
     assert result.dead_letter["late"] == 0, result
     assert result.expected > 100 and result.exact, result
 
@@ -106,17 +117,22 @@ def test_without_recovery_a_restarted_ring_node_is_fenced(broker: embedded.Embed
         restarted.wait(60)
         fleet.supervise()  # leaves a fenced node down
         produce_rows(job, broker.bootstrap, rows[700:])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            beats = latest_heartbeats(job, kafka.Cluster(broker.bootstrap), window_s=3)
-            if beats.get("w0") and beats["w0"].ring_failed:
-                break
-            time.sleep(0.5)
-        time.sleep(3.0)  # rows[700:] would have been joined by now, were the ring still running
+
+        def w0_failed() -> Heartbeat | None:
+            beat = latest_heartbeats(job, kafka.Cluster(broker.bootstrap), window_s=3).get("w0")
+            return beat if beat is not None and beat.ring_failed else None
+
+        failed = wait_until("w0 reports the ring failed", w0_failed, timeout=30)
+        # rows[700:] are on the broker, and w0 has gone round its loop (a heartbeat per pass, the
+        # head's tick in each) a few times since: were the ring still running, it would have
+        # taken them and released rounds.
+        after = wait_heartbeats(job, broker.bootstrap, ["w0"], int(time.time() * 1000), count=4)["w0"]
         status = snapshot(job, kafka.Cluster(broker.bootstrap))
         scraped = _metrics(fleet, "w0")
     finally:
         fleet.stop_all()
+    assert all(b.ring_failed == "node-restarted" for b in after), after
+    assert {b.ring_round for b in after} == {failed.ring_round}, "the head released rounds after the ring failed"
     assert restarted.returncode == RING_FENCED_EXIT
     assert fleet.procs.get("w1") is None or fleet.procs["w1"] is restarted  # not restarted again
     assert status["ring_failed"] == "node-restarted", status

@@ -18,9 +18,9 @@ from streamjoin.schemas import control
 from streamjoin.services import kafka
 from streamjoin.services.shutdown import GRACE_S
 from tests.integration.conftest import make_job
-from tests.integration.fleet_harness import metric, proxied_fleet
+from tests.integration.fleet_harness import metric, proxied_fleet, wait_metric, wait_until
 from tests.integration.kafka_harness import check, produce
-from tests.integration.tcp_proxy import DelayingProxy, Proxy
+from tests.integration.tcp_proxy import FETCH, DelayingProxy, Proxy
 from tests.integration.test_hash_join import _produce_steadily, rows_out_of_order
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,8 @@ def test_sigterm_mid_run_exits_zero_and_the_restart_stays_exact(broker, fleet_fo
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
     fleet = fleet_for(job, 2)
     writer = _produce_steadily(job, broker.bootstrap, rows_out_of_order("rs", 12_000, 100, seed=21), seconds=6)
-    time.sleep(2.5)
+    # Mid-run: w0 is joining the input (a batch of it done; the writer goes on for seconds).
+    wait_metric(fleet.metrics_ports["w0"], "streamjoin_batch_seconds_count", 1, timeout=60)
     code, took = _terminate(fleet, "w0")
     assert code == 0 and took < PROMPT_S, (code, took)
     assert "worker stopped" in (tmp_path / "logs" / "w0.log").read_text()
@@ -64,8 +65,13 @@ def test_sigterm_while_the_broker_is_unreachable(tmp_path: Path) -> None:
         wait_drained(job, broker.bootstrap, fleet, timeout=120)
 
         proxy.pause()
+        refused = {name: _refused(fleet, name) for name in ("w0", "coordinator")}
         fleet.start_worker("w1")  # never reaches the broker
-        time.sleep(8)  # long enough for librdkafka to notice and the worker to retry
+        # Long enough for librdkafka to notice and the worker to retry: w0's and the coordinator's
+        # clients have had a reconnect refused, and w1 missed the broker and is retrying.
+        wait_until("the services noticed the broker gone",
+                   lambda: all(_refused(fleet, name) > n for name, n in refused.items())
+                   and "broker not reachable; retrying" in (fleet.log_dir / "w1.log").read_text(), timeout=60)
         code, took = _terminate(fleet, "w0")
         assert code == 0 and took < GRACE_S + 5, (code, took)
         code, took = _terminate(fleet, "w1")
@@ -88,15 +94,20 @@ def test_sigterm_while_recovery_waits_on_the_broker(tmp_path: Path) -> None:
         fleet.start_worker("w0")
         log = tmp_path / "logs" / "w0.log"
         _wait_for_line(log, "worker started", after=log.read_text().count("worker started"))
-        time.sleep(1)  # its control consumer has its connection and is fetching
+        # Its control consumer has its connection and is fetching: a Fetch passed the proxy since
+        # (nothing else fetches now: the coordinator is stopped and w0 holds no group yet).
+        fetches = _fetches(proxy)
+        wait_until("w0's control consumer fetching", lambda: _fetches(proxy) > fetches, timeout=30)
         proxy.delay_new_connections(300)
         _assign(job, b.bootstrap, "w0", list(range(job.partitions)))
         deadline = time.monotonic() + 30
         while proxy.held == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert proxy.held > 0, "recovery never read"
-        time.sleep(1)
+        # Recovery's read is the one held (for 300 s, on a connection it opened after the delay
+        # began): it cannot finish, and the worker is inside it, not past it.
         assert metric(fleet.metrics_ports["w0"], "streamjoin_recoveries_total") == 0  # still recovering
+        assert "assignment applied" not in log.read_text().rpartition("worker started")[2]
         code, took = _terminate(fleet, "w0")
         assert code == 0 and took < PROMPT_S, (code, took)
         assert "stopped while waiting on the broker" in log.read_text()
@@ -108,6 +119,16 @@ def _wait_for_line(path: Path, text: str, after: int, timeout: float = 60) -> No
     while path.read_text().count(text) <= after:
         assert time.monotonic() < deadline, f"no new {text!r} in {path} within {timeout}s"
         time.sleep(0.2)
+
+
+def _refused(fleet: Fleet, name: str) -> int:
+    """Connections to the broker refused so far, as the librdkafka clients of service `name` log them."""
+    return (fleet.log_dir / f"{name}.log").read_text().count("Connection refused")
+
+
+def _fetches(proxy: DelayingProxy) -> int:
+    """Fetch requests that clients have sent through `proxy` so far."""
+    return sum(r.api_key == FETCH for r in list(proxy.requests))
 
 
 def _assign(job, bootstrap: str, worker: str, groups: list[int]) -> None:  # type: ignore[no-untyped-def]

@@ -110,6 +110,19 @@ def union_of_releases(job: JobSettings, bootstrap: str) -> list[tuple]:
     return found
 
 
+def released_through(job: JobSettings, bootstrap: str) -> dict[int, int]:
+    """Per core, the highest `through` of its complete releases committed on the core-output
+    topic (read_committed: a release whose transaction has not committed is not there yet)."""
+    records = kafka.read_partitions(kafka.Cluster(bootstrap), job.core_output_topic,
+                                    dict.fromkeys(range(job.splitjoin.max_cores), 0), "check-core-through")
+    through: dict[int, int] = {}
+    for m in records:
+        meta, _ = decode_core_release(m.value(), m.headers())
+        if meta.piece == meta.pieces - 1:
+            through[meta.core] = max(through.get(meta.core, 0), meta.through)
+    return through
+
+
 def splitjoin_cli(job_file: Path, bootstrap: str, *args: str) -> None:
     subprocess.run([sys.executable, "-m", "streamjoin.cli", "splitjoin", *args, "--job", str(job_file), "--bootstrap",
                     bootstrap], check=True, capture_output=True, timeout=60)
@@ -143,7 +156,9 @@ def test_two_cores_exact_through_a_stop_and_a_sigkill(broker: embedded.EmbeddedB
         restored = cores.metric(1, "streamjoin_splitjoin_core_restores_total", 'source="own"')
         stored = [cores.metric(p, "streamjoin_splitjoin_core_tuples_stored_total", f'stream="{s}"')
                   for p in (0, 1) for s in "rs"]
-        time.sleep(1.0)  # the last releases' transactions commit
+        # The gauge moves before the release's transaction commits: wait for the releases themselves.
+        cores.wait("the last releases committed",
+                   lambda: released_through(plain, broker.bootstrap) == {0: ROWS, 1: ROWS}, 60)
     finally:
         cores.stop_all()
     assert restored == 1, "core 1's last start did not restore from its own changelog"
@@ -190,7 +205,9 @@ def test_a_core_added_by_a_scale_bootstraps_retires_and_comes_back(broker: embed
                    lambda: all(cores.metric(p, "streamjoin_splitjoin_core_through") == ROWS for p in (0, 1, 2)), 90)
         own = cores.metric(2, "streamjoin_splitjoin_core_restores_total", 'source="own"')
         stored = cores.metric(2, "streamjoin_splitjoin_core_tuples_stored_total", 'stream="r"')
-        time.sleep(1.0)  # the last releases' transactions commit
+        # The gauge moves before the release's transaction commits: wait for the releases themselves.
+        cores.wait("the last releases committed",
+                   lambda: released_through(job, broker.bootstrap) == {0: ROWS, 1: ROWS, 2: ROWS}, 60)
     finally:
         cores.stop_all()
     assert bootstrapped and own == 1 and stored > 0

@@ -24,9 +24,11 @@ from streamjoin.schemas.results import RoundRelease, decode_commit
 from streamjoin.schemas.splitjoin import CORE_HEADER, CoreMeta, encode_core_release
 from streamjoin.services import broker as embedded
 from streamjoin.services import faults, kafka
+from streamjoin.services.splitjoin.merger import MergerCheckpoint
 from streamjoin.launcher import write_job
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
+from tests.integration.fleet_harness import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -109,6 +111,25 @@ def wait_written(job: JobSettings, bootstrap: str, count: int, proc: subprocess.
         time.sleep(0.3)
 
 
+def wait_taken(job: JobSettings, bootstrap: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the merger has taken every record of the core partitions and committed what it made
+    of them: its newest checkpoint, written in one transaction with the results it released
+    (read_committed: visible once that committed), has every lane's next offset at its end."""
+    cluster = kafka.Cluster(bootstrap)
+    ends = kafka.end_offsets(cluster, [(job.core_output_topic, p) for p in range(CORES)], "check-sjm-ends")
+    deadline = time.monotonic() + timeout
+    while True:
+        records = kafka.read_partitions(cluster, job.merger_topic, {0: 0}, "check-sjm-taken")
+        lanes = MergerCheckpoint.model_validate_json(records[-1].value()).lanes if records else {}
+        behind = {p: (lanes[p].next if p in lanes else 0, end) for (_, p), end in ends.items()
+                  if p not in lanes or lanes[p].next < end}
+        if not behind:
+            return
+        assert proc.poll() is None, f"the merger exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"core partitions taken and committed up to, of their ends: {behind}"
+        time.sleep(0.3)
+
+
 def metric(port: int, name: str) -> float:
     text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name))
@@ -135,8 +156,10 @@ def test_the_merger_writes_every_result_once_in_input_order_through_a_sigkill(br
     merger = start_merger(clean_file, port, log)
     try:
         wait_written(job, broker.bootstrap, sum(g < 3 for g, _ in expected), merger)
-        time.sleep(1.0)  # a few more polls: nothing else may leave
+        wait_taken(job, broker.bootstrap, merger)  # it has read all there is: nothing else may leave
         assert len(written(job, broker.bootstrap)) == sum(g < 3 for g, _ in expected)
+        # The gauge is set right after the transaction commits (a scrape may come in between).
+        wait_until("results held", lambda: metric(port, "streamjoin_splitjoin_merger_held_results") > 0, 30)
         assert metric(port, "streamjoin_splitjoin_merger_held_results") > 0
     finally:
         assert stopped(merger) == 0
@@ -151,7 +174,7 @@ def test_the_merger_writes_every_result_once_in_input_order_through_a_sigkill(br
     merger = start_merger(crash_file, port, log)
     try:
         wait_written(job, broker.bootstrap, len(expected), merger)
-        time.sleep(1.0)
+        wait_taken(job, broker.bootstrap, merger)  # the junk record among what it read; nothing more to write
         restores = metric(port, "streamjoin_splitjoin_merger_restores_total")
         unreadable = metric(port, "streamjoin_splitjoin_merger_unreadable_records_total")
     finally:
