@@ -40,6 +40,7 @@ def tier_of(item: pytest.Item) -> str:
     return "integration" if "integration" in Path(str(item.path)).parts else "unit"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns xdist_group marks into scheduling groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
