@@ -480,6 +480,8 @@ def demo(
     report: Annotated[Path, typer.Option(help="report JSON path")] = Path("out/report.json"),
     job: JobOpt = None, bootstrap: BootstrapOpt = None,
     rate: Annotated[Optional[float], typer.Option(min=0.1, help="tuples/s per stream")] = None,
+    partitions: Annotated[Optional[int], typer.Option(min=1, max=1000, help="partitions of every topic (partition "
+                                                      "groups); default: the job's")] = None,
 ) -> None:
     """End to end: broker, coordinator, workers, Spark sources, drain, Spark verify, report.
 
@@ -487,7 +489,7 @@ def demo(
     from streamjoin.demo import run_demo
     from streamjoin.services.shutdown import Stopped, raise_on_signals
 
-    s = _settings(job, bootstrap=bootstrap)
+    s = _settings(job, bootstrap=bootstrap, partitions=partitions)
     logs.configure("demo", level="WARNING")
     raise_on_signals()
     try:

@@ -1,8 +1,9 @@
 """`streamjoin demo`: the main job end to end on one machine.
 
 Broker (embedded unless --bootstrap) -> topics -> coordinator + K workers as
-processes -> Spark `sources` for N seconds -> wait until the workers have
-committed every input -> Spark `verify` -> report (JSON + delay plot).
+processes (Spark's JVM starts while they do) -> Spark `sources` for N seconds
+-> wait until the workers have committed every input -> Spark `verify` ->
+report (JSON + delay plot).
 The terminal shows progress and the report; Spark's own output goes to
 `<report folder>/logs/spark.log`, the services' to `<report folder>/logs/<name>.log`,
 and the report names both under "logs".
@@ -33,7 +34,6 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
 
     report_path.parent.mkdir(parents=True, exist_ok=True)
     log_dir = report_path.parent / "logs"
-    spark_log = _start_spark(log_dir / "spark.log")
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamjoin-demo-")))
         bootstrap = job.bootstrap
@@ -52,10 +52,11 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
         fleet = Fleet(job, write_job(job, workdir / "job.yaml"), bootstrap, log_dir)
         stack.callback(fleet.stop_all)
         ids = [f"worker-{i}" for i in range(workers)]
+        fleet.start_coordinator()  # the services start while Spark does: each takes seconds
+        for w in ids:
+            fleet.start_worker(w)
+        spark_log = _start_spark(log_dir / "spark.log")
         with console.status(f"starting coordinator and {workers} worker(s)"):
-            fleet.start_coordinator()
-            for w in ids:
-                fleet.start_worker(w)
             fleet.wait_assigned(ids)
         console.print(f"running Spark sources for {seconds:.0f}s")
         produced = run_sources(job, cluster, seconds=seconds, rate=rate)
@@ -73,8 +74,8 @@ def run_demo(job: JobSettings, seconds: float, workers: int, report_path: Path, 
 
 
 def _start_spark(log_path: Path) -> Path | None:
-    """Starts Spark before anything else prints, its output in `log_path`; returns the file
-    it really logs to (another, when a Spark was already running in this process)."""
+    """Starts Spark, its output in `log_path`; returns the file it really logs to (another,
+    when a Spark was already running in this process)."""
     from streamjoin.services.spark.kafka_source import local_session
     from streamjoin.services.spark.session import spark_log_path
 

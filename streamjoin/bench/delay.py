@@ -57,7 +57,7 @@ class DelayPlan:
 
 
 FULL = DelayPlan(verifier="spark", rate=5000, seconds=60, warm_s=10, window_ms=60_000, workers=2, partitions=(8, 60))
-QUICK = DelayPlan(verifier="reference", rate=300, seconds=6, warm_s=2, window_ms=3000, workers=2, partitions=(4,))
+QUICK = DelayPlan(verifier="reference", rate=300, seconds=3, warm_s=1, window_ms=2000, workers=2, partitions=(4,))
 
 
 def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:

@@ -5,6 +5,7 @@ Spark peer) and progress lines on stderr (stdout carries the JSON)."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
@@ -55,4 +56,17 @@ def bench_env() -> Iterator[BenchEnv]:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamjoin-bench-")))
         broker = embedded.start(log_path=workdir / "broker.log")
         stack.callback(broker.stop)
+        # Before the broker stops: a broker stopped with clients still connected (Spark's Kafka
+        # source and sink keep theirs) takes seconds to exit.
+        stack.callback(_stop_spark)
         yield BenchEnv(workdir, broker.bootstrap, stack)
+
+
+def _stop_spark() -> None:
+    """Stop this process's Spark, if a bench started one."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()

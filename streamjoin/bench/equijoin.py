@@ -18,18 +18,19 @@ beside the inner join's on the same topics, the delay of unmatched rows past
 their deadline, and Spark's left outer join as the peer (bench/left_join.py).
 Rows are decided only once the window has passed them, so that run has its
 own window: the full run's 60 s (at 2000 tuples/s per stream for 90 s), the
-quick run's own 10 s (500 tuples/s for 16 s).
+quick run's own 2 s (500 tuples/s for 6 s).
 
 `--quick` is the same harness, small enough for CI: one worker, two steps of
-6 s, a 10 s window (so it expires inside the run), 12 partitions (Spark
-`verify` reads every partition of four topics, one task each), one
-repetition of the cheap peers.
+2 s under a 10 s window (so the sweep's window does not expire; the left-join
+run's does), 4 partitions (Spark `verify` and the exports read every
+partition of their topics, one task each), one repetition of the cheap peers,
+and a 3 s consumer session for the Quix peer (a shorter group join).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -54,15 +55,19 @@ class Plan:
     reference_repeats: int  # reference joins (half a minute each on the full input)
     spark_files_per_trigger: int  # backlog micro-batch: this many batch intervals of event time per stream
     left: left_join.LeftPlan  # the left-join figure's run
+    quix_consumer: dict = field(default_factory=dict)  # the Quix peer's consumer settings beyond its own
 
 
 FULL = Plan(window_ms=600_000, partitions=60, workers=(1, 2),
             steps=tuple(ours.Step(r, 20) for r in (500, 1000, 2000, 4000, 8000)),
             consume_repeats=3, reference_repeats=1, spark_files_per_trigger=150,
             left=left_join.LeftPlan(window_ms=60_000, rate=2000, seconds=90, spark_files_per_trigger=150))
-QUICK = Plan(window_ms=10_000, partitions=12, workers=(1,), steps=(ours.Step(500, 6), ours.Step(1000, 6)),
+# Quick: the Quix peer's consumer gets a 3 s session (Tansu holds a group join for about half the
+# session timeout: 5 s of its start-up at the default 10 s).
+QUICK = Plan(window_ms=10_000, partitions=4, workers=(1,), steps=(ours.Step(500, 2), ours.Step(1000, 2)),
              consume_repeats=1, reference_repeats=1, spark_files_per_trigger=25,
-             left=left_join.LeftPlan(window_ms=10_000, rate=500, seconds=16, spark_files_per_trigger=25))
+             left=left_join.LeftPlan(window_ms=2_000, rate=500, seconds=6, spark_files_per_trigger=25),
+             quix_consumer={"session.timeout.ms": 3_000, "heartbeat.interval.ms": 500})
 
 
 def domain_for(steps: Sequence[ours.Step], window_ms: int, skew: float, streams: int = 2) -> int:
@@ -171,7 +176,7 @@ def run_peers(env: BenchEnv, common: JobSettings, sweep: dict, plan: Plan) -> di
     if flink["ran"]:
         flink["exact"] = flink["results"] == expected
     with env.phase("Quix Streams peer (its own venv: STREAMJOIN_QUIX_PYTHON or .venv-quix)"):
-        quix = quix_peer.run_quix(common, tables, env.cluster, env.workdir, expected)
+        quix = quix_peer.run_quix(common, tables, env.cluster, env.workdir, expected, consumer=plan.quix_consumer)
     return {"spark": spark, "kafka_consume": consume, "reference": floor, "pyflink": flink, "quix": quix}
 
 

@@ -7,7 +7,8 @@ machine can reproduce it.
    topics with several producer processes, no Spark: the full plan writes
    about 20M tuples spanning 32 minutes of event time against the 10-minute
    window, so windows fill and expire during every drain; `--quick` writes
-   200k tuples over 100 s against a 10 s window on 12 partitions.
+   60k tuples over 30 s against a 5 s window on 12 partitions with one
+   producer process.
 2. **Drains.** For each worker count k, a fresh job (own name, results,
    consumer group and state) reads the same input topics with a fresh fleet
    of k workers. Its committed offsets are sampled every 0.1 s with the CPU
@@ -82,7 +83,7 @@ class ScalePlan:
 
 FULL = ScalePlan(BacklogPlan(tuples=20_000_000, event_ms=32 * 60_000, producers=8), window_ms=600_000,
                  partitions=60, consume_repeats=3, reference=False, drain_timeout_s=3600.0)
-QUICK = ScalePlan(BacklogPlan(tuples=200_000, event_ms=100_000, producers=2, chunk_tuples=25_000), window_ms=10_000,
+QUICK = ScalePlan(BacklogPlan(tuples=60_000, event_ms=30_000, producers=1, chunk_tuples=15_000), window_ms=5_000,
                   partitions=12, consume_repeats=1, reference=True, drain_timeout_s=300.0)
 
 

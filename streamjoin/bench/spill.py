@@ -99,7 +99,7 @@ class Plan:
 # the end (the flush); a window holds `ranges` ranges, so a tuple meets up to ranges x j partners.
 FULL = Plan(partitions=24, rate=800, window_ms=120_000, batch_ms=1000, seconds=120, ranges=2.0, epoch_ms=5000,
             interval_ms=5000, bucket_s=5.0)
-QUICK = Plan(partitions=12, rate=200, window_ms=24_000, batch_ms=500, seconds=24, ranges=2.0, epoch_ms=2000,
+QUICK = Plan(partitions=12, rate=200, window_ms=12_000, batch_ms=1000, seconds=12, ranges=2.0, epoch_ms=2000,
              interval_ms=2000, bucket_s=2.0)
 
 # Budgets as shares of the state: (a) one worker's whole state; (b)-(d) the cluster's whole state, per worker.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.bench, pytest.mark.spark, pytest.mark.integration]
 
 
 def test_bench_equijoin_quick_reports_exact_figures_peers_and_ratios(tmp_path: Path) -> None:

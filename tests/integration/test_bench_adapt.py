@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.bench, pytest.mark.integration]
 
 
 def _exact(verdict: dict) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.bench, pytest.mark.integration]
 
 
 def test_bench_band_quick_reports_exact_runs_peers_and_ratios(tmp_path: Path) -> None:

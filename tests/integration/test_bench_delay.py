@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.bench, pytest.mark.integration]
 
 
 def test_bench_delay_quick_reports_exact_delays_beside_raw_delivery(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.bench, pytest.mark.spark, pytest.mark.integration]
 
 
 def test_bench_psp_quick_reports_exact_rings_beside_the_model(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.bench, pytest.mark.spark, pytest.mark.integration]
 STRATEGIES = ("none", "exact", "relax")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.bench, pytest.mark.integration]
 
 
 def test_bench_equijoin_scale_quick_reports_an_exact_curve_with_cpu_and_the_raw_consume_limit(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from tests.integration.kafka_harness import Row, check, dead_letters, read_all
 
 pytestmark = pytest.mark.integration
 
-PARTITIONS = 60
+PARTITIONS = 8  # partition groups of every job here; the other partition count below is 7
 
 
 ROWS_PER_SECOND = 500  # with 2 ms of event time per row: event time runs at wall-clock speed
@@ -116,7 +116,7 @@ def start(job: JobSettings, bootstrap: str, fleet_for, source_partitions: dict[s
 @pytest.mark.parametrize("how", [{"r": "round-robin", "s": "murmur2"}, {"r": "crc32", "s": "murmur2"}],
                          ids=["unkeyed", "crc32-and-murmur2"])
 def test_auto_repartition_is_exact(broker, fleet_for, tmp_path: Path, how: dict[str, str]) -> None:
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2, partitions=PARTITIONS,
                    join={"allowed_lateness_ms": LATENESS_MS, "repartition": "auto"})
     fleet = start(job, broker.bootstrap, fleet_for)
     produce_as(job, broker.bootstrap, rows(4000, 80, seed=11), how)
@@ -129,7 +129,7 @@ def test_auto_repartition_is_exact(broker, fleet_for, tmp_path: Path, how: dict[
 
 
 def test_other_partition_count_is_repartitioned(broker, fleet_for, tmp_path: Path) -> None:
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2, partitions=PARTITIONS,
                    join={"allowed_lateness_ms": LATENESS_MS, "repartition": "auto"})
     fleet = start(job, broker.bootstrap, fleet_for, source_partitions={"s": 7})
     produce_as(job, broker.bootstrap, rows(3000, 80, seed=12), {"r": "murmur2", "s": "murmur2"})
@@ -141,7 +141,7 @@ def test_other_partition_count_is_repartitioned(broker, fleet_for, tmp_path: Pat
 
 
 def test_never_dead_letters_exactly_the_misrouted(broker, fleet_for, tmp_path: Path) -> None:
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2, partitions=PARTITIONS,
                    join={"allowed_lateness_ms": LATENESS_MS, "repartition": "never"})
     fleet = start(job, broker.bootstrap, fleet_for)
     produce_as(job, broker.bootstrap, rows(3000, 80, seed=13), {"r": "mixed", "s": "murmur2"})
@@ -162,7 +162,7 @@ def test_auto_repartition_verified_by_spark(broker, fleet_for, tmp_path: Path) -
     from streamjoin.services.spark.verify import run_verify
 
     how = {"r": "round-robin", "s": "crc32"}
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2,
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 300}], workers=2, partitions=PARTITIONS,
                    join={"allowed_lateness_ms": LATENESS_MS, "repartition": "auto"})
     fleet = start(job, broker.bootstrap, fleet_for)
     produce_as(job, broker.bootstrap, rows(3000, 80, seed=14), how)

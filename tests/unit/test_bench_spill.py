@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.bench
+
 
 def test_bench_spill_quick_is_exact_and_pushing_the_productive_leaves_more_to_clean_up(tmp_path: Path) -> None:
     out, plot = tmp_path / "spill.json", tmp_path / "spill.png"

@@ -72,14 +72,16 @@ def interval(job: JobSettings) -> dict[str, int]:
     return {"backward_ms": s - 1, "forward_ms": r - 1, "grace_ms": max(r, s) + job.join.allowed_lateness_ms}
 
 
-def job_spec(job: JobSettings, cluster: kafka.Cluster, inputs: int, workdir: Path) -> dict:
+def job_spec(job: JobSettings, cluster: kafka.Cluster, inputs: int, workdir: Path,
+             consumer: dict | None = None) -> dict:
     """What quix_job.py runs: `inputs` is how many records the input topics hold (the job stops there).
-    `workdir` holds its state; the group and the output topic are fresh per call."""
+    `workdir` holds its state; the group and the output topic are fresh per call; `consumer`:
+    consumer settings over _CONSUMER's."""
     run = uuid.uuid4().hex[:8]
     return {"bootstrap": cluster.bootstrap, "group": f"{job.job}-quix-{run}", "inputs": inputs,
             "streams": [{"name": s.name, "topic": job.topic_of(s), "time_field": s.time_field} for s in job.streams],
             "interval": interval(job), "output": f"{job.job}.quix-results-{run}", "partitions": job.partitions,
-            "state_dir": str(workdir / f"state-{run}"), "consumer_config": _CONSUMER}
+            "state_dir": str(workdir / f"state-{run}"), "consumer_config": _CONSUMER | (consumer or {})}
 
 
 def rule_pairs(job: JobSettings, tables: dict[str, pa.Table]) -> pa.Table:
@@ -145,12 +147,14 @@ def read_output(cluster: kafka.Cluster, topic: str, partitions: int) -> pa.Table
 
 
 def run_quix(job: JobSettings, tables: dict[str, pa.Table], cluster: kafka.Cluster, workdir: Path,
-             expected: int, timeout: float = 1800) -> dict:
+             expected: int, timeout: float = 1800, consumer: dict | None = None) -> dict:
     """Runs the Quix job on the job's input topics and judges its output.
 
     `tables`: the exported inputs (their rows are the input, and the rule's pair set is drawn from
     them); `expected`: the verified result count, which the rule's pair set must match; `workdir`:
-    scratch space; `timeout`: seconds the job may take."""
+    scratch space; `timeout`: seconds the job may take; `consumer`: consumer settings over
+    _CONSUMER's (bench equijoin --quick: a shorter session, as Tansu's group join waits about
+    half of it)."""
     python = quix_python()
     if python is None:
         return {"ran": False, "why": f"{PYTHON_ENV} is not set and {DEFAULT_PYTHON} does not exist: Quix Streams "
@@ -161,7 +165,7 @@ def run_quix(job: JobSettings, tables: dict[str, pa.Table], cluster: kafka.Clust
     inputs = sum(t.num_rows for t in tables.values())
     root = workdir / "quix"
     root.mkdir(parents=True, exist_ok=True)
-    spec = job_spec(job, cluster, inputs, root)
+    spec = job_spec(job, cluster, inputs, root, consumer)
     spec_path = root / f"{spec['group']}.json"
     spec_path.write_text(json.dumps(spec))
     try:
