@@ -47,9 +47,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
         # One JVM per run, not one per xdist worker: tests that share the in-process Spark run
-        # on the same worker (`--dist loadgroup`).
+        # on the same worker (`--dist loadgroup`). Benchmarks run one at a time: each starts its
+        # own broker, fleet and often a Spark JVM, and two at once would starve each other.
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
+        elif tier == "bench":
+            item.add_marker(pytest.mark.xdist_group("bench"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -23,12 +23,6 @@ adaptive figure by the fixed one. Every job's output is checked exact (Spark
 `verify` in full runs, the plain-Python reference join in `--quick`), and the
 top-level `exact` is the AND of all of them.
 
-The full plan runs the six jobs one after another. `--quick` runs them three
-at a time (each its own fleet and paced producer on the one broker, the next
-starting as soon as one ends: they mostly wait), with spans of a few seconds
-and a 2 s window: it shows that every part runs, stays exact and reports
-every figure; its figures are not measurements.
-
 Parts 3 and 4 start each fleet under sticky placement and restart the
 coordinator with the run's placement once the input flows: an adaptive
 coordinator's first epoch would otherwise see the idle start-up (no
@@ -43,15 +37,13 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -104,7 +96,6 @@ class Plan:
     ramp_workers: int
     warm_s: float  # parts 3-4: input flowing before the coordinator restarts with the run's placement
     bucket_s: float  # width of a point of the curves over time
-    side_by_side: int  # jobs (each its own fleet) run at once: 1 = one after another
 
 
 # Part 1's sizes: a group holds rate x 2 streams x window / 4 groups tuples, about 230 bytes each
@@ -114,81 +105,36 @@ FULL = Plan(verifier="spark", partitions=4,
             failover_workers=3, failover_rate=1500, window_ms=30_000,
             skew_rate=1500, skew_seconds=90, slow=(3.2, 4.0),
             ramp=(ours.Step(1500, 45), ours.Step(4000, 60), ours.Step(1500, 60)), ramp_workers=3,
-            warm_s=10.0, bucket_s=5.0, side_by_side=1)
-QUICK = Plan(verifier="reference", partitions=4, sizes=(Size(300, 2000),), moves=2, settle_s=1.0,
-             failover_workers=2, failover_rate=300, window_ms=2000,
-             skew_rate=300, skew_seconds=4, slow=(1.6, 2.0),
-             ramp=(ours.Step(200, 1.5), ours.Step(500, 1.5), ours.Step(200, 1.5)), ramp_workers=2,
-             warm_s=1.0, bucket_s=1.0, side_by_side=3)
+            warm_s=10.0, bucket_s=5.0)
+QUICK = Plan(verifier="reference", partitions=4, sizes=(Size(300, 3000),), moves=2, settle_s=1.5,
+             failover_workers=2, failover_rate=300, window_ms=3000,
+             skew_rate=300, skew_seconds=9, slow=(1.6, 2.0),
+             ramp=(ours.Step(200, 3), ours.Step(500, 3), ours.Step(200, 3)), ramp_workers=2,
+             warm_s=2.0, bucket_s=1.5)
 
 
 def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     """The four parts on `env`'s broker (`quick`: the CI plan), the report, and with `plot_path`
     the two PNGs beside it."""
     plan = QUICK if quick else FULL
-    parts: dict[str, tuple[str, Callable[[], dict]]] = {
-        "migration": ("part 1: migration cost", lambda: migration_cost(env, plan)),
-        "failover": ("part 2: failover", lambda: failover(env, plan))}
+    with env.phase("part 1: migration cost"):
+        migration = migration_cost(env, plan)
+    with env.phase("part 2: failover"):
+        failed_over = failover(env, plan)
+    skew, ramp = {}, {}
     for placement in ("sticky", "adaptive"):
-        parts[f"skew-{placement}"] = (f"part 3: one worker slowed, {placement} placement",
-                                      lambda p=placement: slowed_worker(env, plan, p))
+        with env.phase(f"part 3: one worker slowed, {placement} placement"):
+            skew[placement] = slowed_worker(env, plan, placement)
     for placement in ("sticky", "adaptive"):
-        parts[f"ramp-{placement}"] = (f"part 4: rate ramp, {placement} placement",
-                                      lambda p=placement: rate_ramp(env, plan, p))
-    done = run_parts(env, parts, plan.side_by_side)
-    skew = {p: done[f"skew-{p}"] for p in ("sticky", "adaptive")}
-    ramp = {p: done[f"ramp-{p}"] for p in ("sticky", "adaptive")}
-    result = assemble(plan, quick, done["migration"], done["failover"], skew, ramp)
+        with env.phase(f"part 4: rate ramp, {placement} placement"):
+            ramp[placement] = rate_ramp(env, plan, placement)
+    result = assemble(plan, quick, migration, failed_over, skew, ramp)
     if plot_path is not None:
         result["plots"] = plot(result, plot_path)
     return result
 
 
-def run_parts(env: BenchEnv, parts: dict[str, tuple[str, Callable[[], dict]]], at_once: int) -> dict[str, dict]:
-    """Each part (its phase's name and its run) in order; `at_once` > 1 runs that many at a time in
-    threads, the next starting when one ends. Their results by key; the first failure raises at once
-    (daemon threads: a part still running then ends with the fleets and broker it was using)."""
-    def one(what: str, part: Callable[[], dict]) -> dict:
-        with env.phase(what):
-            return part()
-
-    if at_once <= 1:
-        return {key: one(*part) for key, part in parts.items()}
-    slots, failed, finished = threading.Semaphore(at_once), threading.Event(), queue.Queue()
-
-    def run_one(key: str, what: str, part: Callable[[], dict]) -> None:
-        with slots:  # waiters are woken first come, first served: the parts start in order
-            if failed.is_set():
-                return
-            try:
-                finished.put((key, one(what, part), None))
-            except BaseException as e:  # handed to the caller's thread, which raises it
-                finished.put((key, None, e))
-
-    for key, (what, part) in parts.items():
-        threading.Thread(target=run_one, args=(key, what, part), name=f"adapt-{key}", daemon=True).start()
-    done: dict[str, dict] = {}
-    while len(done) < len(parts):
-        key, result, error = finished.get()
-        if error is not None:
-            failed.set()
-            raise error
-        done[key] = result
-    return {key: done[key] for key in parts}
-
-
 # ---------------------------------------------------------------- jobs and fleets
-
-
-_STARTING = threading.Lock()  # fleets started side by side: one at a time asks for its ports
-
-
-def start_fleet(env: BenchEnv, job: JobSettings, workers: int) -> tuple[Fleet, list[str]]:
-    """ours.start_fleet, safe beside another part's: returns once every group is placed."""
-    with _STARTING:
-        fleet, ids = ours.start_fleet(env, job, workers, wait=False)
-    fleet.wait_assigned(ids)
-    return fleet, ids
 
 
 def base_job(env: BenchEnv, name: str, workers: int, partitions: int, steps: Sequence[ours.Step], window_ms: int,
@@ -221,20 +167,10 @@ def finish(env: BenchEnv, job: JobSettings, fleet: Fleet, feed: PacedInput, veri
             "inputs": feed.tuples, "timing": ours.result_timings(env.cluster, job)}
 
 
-def coordinator_counters(fleet: Fleet, timeout_s: float = 60.0) -> dict:
-    """The coordinator's migration counters: moves by outcome and window bytes moved. A coordinator
-    restarted moments ago (parts 3 and 4) may not serve /metrics yet: asked again until `timeout_s`."""
+def coordinator_counters(fleet: Fleet) -> dict:
+    """The coordinator's migration counters: moves by outcome and window bytes moved."""
     url = f"http://127.0.0.1:{fleet.metrics_ports['coordinator']}/metrics"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            text = urllib.request.urlopen(url, timeout=10).read().decode()
-            break
-        except urllib.error.URLError:
-            fleet.assert_running()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
     out: dict = {"migrations": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -285,7 +221,7 @@ def migration_run(env: BenchEnv, plan: Plan, size: Size, index: int) -> dict:
     window_s = size.window_ms / 1000
     span = window_s + plan.settle_s + plan.moves * (plan.settle_s + 2)
     job = base_job(env, f"adapt-move{index}", 2, plan.partitions, [ours.Step(size.rate, span)], size.window_ms)
-    fleet, ids = start_fleet(env, job, 2)
+    fleet, ids = ours.start_fleet(env, job, 2)
     feed = PacedInput(job, env.bootstrap, constant(size.rate), seed=job.workload.seed)
     feed.start()
     env.console.print(f"[bold cyan]bench[/] {size.rate:.0f} tuples/s per stream, {window_s:.0f}s window: "
@@ -377,7 +313,7 @@ def failover(env: BenchEnv, plan: Plan) -> dict:
     until the lost groups are held and produce again."""
     job = base_job(env, "adapt-failover", plan.failover_workers, plan.partitions,
                    [ours.Step(plan.failover_rate, 60)], plan.window_ms, FAILOVER_TIMEOUTS)
-    fleet, ids = start_fleet(env, job, plan.failover_workers)
+    fleet, ids = ours.start_fleet(env, job, plan.failover_workers)
     fleet.restart_workers = False
     began_ms = int(time.time() * 1000)
     feed = PacedInput(job, env.bootstrap, constant(plan.failover_rate), seed=job.workload.seed)
@@ -464,7 +400,7 @@ def placement_run(env: BenchEnv, plan: Plan, name: str, placement: str, workers:
     adaptive = ADAPTIVE | {"placement": placement}
     job = base_job(env, name, workers, plan.partitions, [ours.Step(steps[0].rate, plan.warm_s), *steps], plan.window_ms,
                    adaptive | {"placement": "sticky"})
-    fleet, ids = start_fleet(env, job, workers)
+    fleet, ids = ours.start_fleet(env, job, workers)
     feed = PacedInput(job, env.bootstrap, schedule, seed=job.workload.seed)
     feed.start()
     slowdown = Slowdown(fleet.procs[ids[-1]].pid, *slow) if slow else None
@@ -621,7 +557,6 @@ def parameters(plan: Plan, quick: bool) -> dict:
                  "steps": [{"rate_per_stream": s.rate, "seconds": s.seconds} for s in plan.ramp]},
         "adaptive_coordinator": ADAPTIVE,
         "warm_s": plan.warm_s, "bucket_s": plan.bucket_s, "delay_threshold_s": THRESHOLD_S,
-        "jobs_at_once": plan.side_by_side,
     }
 
 

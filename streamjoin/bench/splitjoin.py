@@ -129,7 +129,7 @@ FULL = Plan(time=band.Case("time", 900_000, 2200.0, 150_000), count=band.Case("c
             batch_ms=50, ring_nodes=1,
             base=dataclasses.replace(band.FULL, runs=(), check_triggers=600, budget_s=1800.0, sample_s=1.0))
 # Quick: small windows and a short live tail, so each of the 12 runs is mostly its processes' start and
-# stop; the measured stretch is ~8k tuples, a fraction of a second at these windows, so the quick
+# stop; the measured stretch is ~9k tuples, a fraction of a second at these windows, so the quick
 # figures say little (the full run is the measurement).
 _QUICK_TIME = band.Case("time", 5_000, 1000.0, 5_000)
 QUICK = Plan(time=_QUICK_TIME, count=band.Case("count", 5_000, 1000.0, 5_000), ks=_ks(quick=True),
