@@ -12,14 +12,6 @@ reported; the measured runs keep every setting but the rate, which is the
 one `rate` (full run: RATE) the 2-core machine sustains with N = 1, so that
 latency is a latency and not a queue. Every run is verified exact by Spark.
 
-`--quick` (3 tuples/s per stream for 6 s, 2,000-pixel images, N = 1 and 2)
-runs the rings side by side on one input: both fleets start while the cost
-model calibrates, one Spark `sources` run feeds both (the N = 2 ring reads the
-N = 1 ring's input topics), Spark verifies the N = 1 ring's output, and the
-N = 2 ring's must equal it result id for id (same input topics, so the same
-ids), with nothing dead-lettered. The rings share the machine while they run,
-so the quick latencies and their ratio say little; the full run measures.
-
 Latency is the paper's: from the head taking a tuple in (releasing its round)
 to the result (`streamjoin_ring_response_seconds`), which is what equation 5
 predicts. The production delay (from the newest input's Kafka timestamp) is
@@ -31,22 +23,18 @@ ordered input does not pay.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
-from streamjoin.services import kafka
 from streamjoin.services.coordinator.ring_plan import plan_ring
 from streamjoin.bench import ours, report
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.peers.kafka_consume import run_kafka_consume
-from streamjoin.launcher import Fleet, wait_layout, wait_ring_quiet
+from streamjoin.launcher import wait_layout, wait_ring_quiet
 from streamjoin.settings import JobSettings, load
 
 JOB_FILE = Path(__file__).resolve().parents[1] / "jobs" / "images.yaml"
 RATE, SECONDS, NODES = 6.0, 30.0, (1, 2, 3, 4)
-QUICK = {"rate": 3.0, "seconds": 6.0, "pixels": 2_000, "nodes": (1, 2)}
+QUICK = {"rate": 3.0, "seconds": 8.0, "pixels": 2_000, "nodes": (1, 2)}
 THRESHOLD_S = 1.0
 RESPONSE_METRIC = "streamjoin_ring_response_seconds"
 
@@ -62,17 +50,12 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     rate, seconds = (QUICK["rate"], QUICK["seconds"]) if quick else (RATE, SECONDS)
     nodes = QUICK["nodes"] if quick else NODES
     paper = paper_job(QUICK["pixels"] if quick else None)
-    measured_job = paper.model_copy(update={"workload": paper.workload.model_copy(update={"rate": rate})})
-    # Quick: the rings' fleets start first, so they boot while the model calibrates.
-    fleets = start_side_by_side(env, measured_job, nodes) if quick else None
     with env.phase("cost model at seed 004's settings"):
         model_paper = plan_ring(paper, env.cluster)
+    measured_job = paper.model_copy(update={"workload": paper.workload.model_copy(update={"rate": rate})})
     with env.phase(f"cost model at {rate:g} tuples/s per stream"):
         model = plan_ring(measured_job, env.cluster)
-    if fleets is not None:
-        runs = run_side_by_side(env, fleets, rate, seconds, model)
-    else:
-        runs = [run_ring(env, measured_job, n, rate, seconds, model) for n in nodes]
+    runs = [run_ring(env, measured_job, n, rate, seconds, model) for n in nodes]
     first = runs[0]
     with env.phase("raw consumption of the same input topics"):
         consume = run_kafka_consume(env.cluster, first["input_topics"], paper.partitions, repeats=3)
@@ -96,7 +79,8 @@ def run_ring(env: BenchEnv, base: JobSettings, n: int, rate: float, seconds: flo
     from streamjoin.services.spark.sources import run_sources
     from streamjoin.services.spark.verify import run_verify
 
-    job = ring_job(env, base, n)
+    job = ours.fleet_job(base, env, f"psp-n{n}", n)
+    job = job.model_copy(update={"ring": job.ring.model_copy(update={"nodes": n, "max_nodes": max(n, 1)})})
     with env.phase(f"ring of {n}: start"):
         fleet, ids = ours.start_fleet(env, job, n, wait=False)
         wait_layout(job, env.bootstrap, fleet, ids)
@@ -119,83 +103,6 @@ def run_ring(env: BenchEnv, base: JobSettings, n: int, rate: float, seconds: flo
         "verify": {k: verify.get(k) for k in ours.VERIFY_KEYS if k in verify},
         "input_topics": job.input_topics,
     }
-
-
-def ring_job(env: BenchEnv, base: JobSettings, n: int) -> JobSettings:
-    """`base` as the bench's ring of n nodes, renamed psp-n<n>."""
-    job = ours.fleet_job(base, env, f"psp-n{n}", n)
-    return job.model_copy(update={"ring": job.ring.model_copy(update={"nodes": n, "max_nodes": max(n, 1)})})
-
-
-def start_side_by_side(env: BenchEnv, base: JobSettings, nodes: tuple[int, ...]) -> list[tuple[JobSettings, Fleet, list[str]]]:
-    """Quick: a fleet per ring size, started at once without waiting; every ring reads the first
-    ring's input topics. Returns (job, fleet, node ids) per ring."""
-    first = ring_job(env, base, nodes[0])
-    fleets = []
-    with env.phase(f"rings of {', '.join(map(str, nodes))}: start, side by side on one input"):
-        for n in nodes:
-            job = ring_job(env, base, n).model_copy(update={
-                "streams": [s.model_copy(update={"topic": first.topic_of(s)}) for s in first.streams]})
-            fleets.append((job, *ours.start_fleet(env, job, n, wait=False)))
-    return fleets
-
-
-def run_side_by_side(env: BenchEnv, fleets: list[tuple[JobSettings, Fleet, list[str]]], rate: float, seconds: float,
-                     model: dict) -> list[dict]:
-    """Quick: the rings of `start_side_by_side` join one Spark `sources` run at once; Spark
-    verifies the first ring's output, every other ring's must equal it id for id."""
-    from streamjoin.services.spark.sources import run_sources
-    from streamjoin.services.spark.verify import run_verify
-
-    for job, fleet, ids in fleets:
-        wait_layout(job, env.bootstrap, fleet, ids)
-    first_job = fleets[0][0]
-    with env.phase(f"rings side by side: {seconds:g}s of images at {rate:g} tuples/s per stream"):
-        began = time.monotonic()
-        produced = run_sources(first_job, env.cluster, seconds=seconds, rate=rate, show_progress=False)
-
-        def quiet(ring: tuple[JobSettings, Fleet, list[str]]) -> float:
-            wait_ring_quiet(ring[0], env.bootstrap, ring[1], timeout=max(600.0, 20 * seconds))
-            return time.monotonic() - began
-
-        with ThreadPoolExecutor(len(fleets)) as pool:  # each wait takes seconds of polls: all at once
-            finished = list(pool.map(quiet, fleets))
-    figures = []
-    for job, fleet, ids in fleets:
-        figures.append((ours.fleet_delays(fleet, ids).stats(THRESHOLD_S),
-                        ours.fleet_delays(fleet, ids, RESPONSE_METRIC).stats(THRESHOLD_S)))
-        fleet.stop_all()
-    with env.phase(f"ring of {len(fleets[0][2])}: Spark verify"):
-        verified = {k: v for k, v in run_verify(first_job, env.cluster).items() if k in ours.VERIFY_KEYS}
-    verified_ids = ours.result_ids(env.cluster, first_job)
-    runs = []
-    for (job, _, ids), wall, (delays, response) in zip(fleets, finished, figures):
-        n = len(ids)
-        predicted = next(r for r in model["rows"] if r["N"] == n)
-        runs.append({
-            "nodes": n, "input_tuples": sum(produced["records"].values()), "wall_seconds": round(wall, 1),
-            "latency_ms": response, "production_delay_ms": delays,
-            "predicted_latency_ms": predicted["latency_s"] * 1000, "predicted_capacity": predicted["capacity"],
-            "verify": verified if job is first_job else same_output(env, job, first_job, verified_ids, verified),
-            "input_topics": job.input_topics,
-        })
-    return runs
-
-
-def same_output(env: BenchEnv, job: JobSettings, verified_job: JobSettings, verified_ids: np.ndarray,
-                verified: dict) -> dict:
-    """`job`'s output against `verified_job`'s Spark-verified output on the same input topics, id
-    for id (ours.result_ids), and its dead-letter topic empty: the verify keys that check can give."""
-    ids = ours.result_ids(env.cluster, job)
-    unique = np.unique(ids, axis=0)
-    mine, theirs = ({(int(hi), int(lo)) for hi, lo in rows} for rows in (unique, verified_ids))
-    dead = sum(kafka.end_offsets(env.cluster, [(job.dead_letter_topic, p) for p in range(job.partitions)],
-                                 f"{job.consumer_group}-bench-dead").values())
-    missing, extra, duplicates = len(theirs - mine), len(mine - theirs), int(len(ids) - len(unique))
-    return {"verified": bool(verified["verified"] and missing == extra == duplicates == dead == 0),
-            "missing": missing, "extra": extra, "duplicates": duplicates, "expected": verified["expected"],
-            "results": int(len(ids)), "inputs": verified["inputs"], "dead_letter": {"records": dead},
-            "how": f"result ids against {verified_job.job}'s Spark-verified output on the same input topics"}
 
 
 def _parameters(job: JobSettings, rate: float, seconds: float, nodes: tuple[int, ...], quick: bool) -> dict:
