@@ -14,7 +14,8 @@ Watermark of a group = min over streams of the newest event time seen, minus
 the allowed lateness; streams the caller says are idle (join.idle_timeout_ms)
 are left out of the min, and a floor (the watermark a replayed batch recorded)
 reproduces a past idle decision exactly. A tuple older than the watermark at the start of its
-batch is late (dead-letter); state expires by watermark, never by the newest
+batch, or than the watermark when it is read in the batch's canonical order (engine/lateness.py),
+is late (dead-letter); state expires by watermark, never by the newest
 time seen, because topics interleave arbitrarily.
 """
 
@@ -25,12 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamjoin.engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, Block, concat
+from streamjoin.engine.lateness import NO_TIME, late_in_batch
 from streamjoin.engine.outer import DECIDED, NEWEST_ARRIVAL, MatchedRefs, first_rows, matched_refs, padded, ref_keys
 from streamjoin.engine.probe import TimeIndex, expand_ranges, key_ranges, sort_by_key_time
 from streamjoin.engine.result_ids import result_head
 from streamjoin.engine.runs import SortedRuns
 
-NO_TIME = np.iinfo(np.int64).min // 4  # "no watermark yet"; headroom so arithmetic cannot wrap
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,8 @@ def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_
     `floor`: the watermark after the batch is at least this."""
     wm_before = window.watermark
     accepted, late = [], []
-    for d in deltas:
-        on_time = d[TS] >= wm_before
+    for d, behind in zip(deltas, late_in_batch(deltas, window.max_ts, idle, plan.lateness_ms)):
+        on_time = (d[TS] >= wm_before) & ~behind
         accepted.append(sort_by_key_time(d.filter(on_time)))
         late.append(d.filter(~on_time))
     if plan.on_watermark:

@@ -10,7 +10,8 @@ of int and str fields, no whitespace or escapes) by a numba scanner
 fails does the slow path find the records Arrow refuses (bisecting, with
 Python's json to sort and word the reasons; Arrow alone judges, as the two
 disagree at the edges: integers past int64, invalid UTF-8, deep nesting,
-several values on one line). Avro rows go to Arrow the same way. Rows that
+several values on one line). A value spread over several lines (pretty-printed)
+is put on one line first (schemas/json_text.py). Avro rows go to Arrow the same way. Rows that
 parse but cannot be tuples (a null or missing field, a non-finite float, an
 event time outside +-2^60 ms) are refused as well. Records that cannot become
 tuples come back as `Reject`s with a reason, for the dead-letter topic; no
@@ -34,10 +35,11 @@ import pyarrow.json as pajson
 from streamjoin.engine import json_scan
 from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, system_block
 from streamjoin.schemas.columns import binary_array, fixed_width_array, string_array
+from streamjoin.schemas.ipc_size import decoded_bytes
+from streamjoin.schemas.json_text import check_one_json, one_line_objects, unfold_lines
 from streamjoin.settings import StreamSpec
 
 _ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "bytes": pa.binary()}
-_PY_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "bytes": (str,)}
 _AVRO_TYPES = {"int": "long", "float": "double", "str": "string", "bool": "boolean", "bytes": "bytes"}
 # Block-format records hold many tuples at one Kafka offset; a tuple's offset
 # column is (record offset << BLOCK_SHIFT) | index so tuple ids stay unique.
@@ -147,54 +149,6 @@ def _drop_bad_rows(spec: StreamSpec, table: pa.Table, idx: np.ndarray,
     return idx[~bad], table.filter(pa.array(~bad))
 
 
-class _Pairs(list):
-    """A JSON object as Python's json read it, its (name, value) pairs in order (duplicates kept)."""
-
-
-def _check_one_json(spec: StreamSpec, value: bytes | str) -> tuple[str | None, bool]:
-    """Slow path: why is this record bad, in words (None: Python's json sees nothing wrong), and
-    is it sure to be refused (by Arrow, or after Arrow by `_bad_rows`)? A wrong type, a repeat or
-    a range fault in a declared field, a syntax error, or a value that is no object, is; text
-    Python's json cannot read for its depth or its invalid UTF-8 Arrow may still take (when it
-    sits in fields the stream does not declare)."""
-    try:
-        pairs = json.loads(value, object_pairs_hook=_Pairs)
-    except UnicodeDecodeError:  # read on with the bad bytes as lone surrogates, to see where they are
-        return _check_one_json(spec, value.decode("utf-8", "surrogateescape"))  # type: ignore[union-attr]
-    except RecursionError as e:  # deep nesting
-        return f"not JSON: {type(e).__name__}: {e}", False
-    except ValueError as e:  # a syntax error: Arrow's reader finds it too (or reads several values)
-        return f"not JSON: {type(e).__name__}: {e}", True
-    if not isinstance(pairs, _Pairs):
-        return f"JSON value must be an object, got {type(pairs).__name__}", True
-    names = [name for name, _ in pairs]
-    obj = dict(pairs)
-    for name, t in spec.fields.items():
-        if names.count(name) > 1:
-            return f"field {name!r} appears more than once", True
-        if name not in obj or obj[name] is None:
-            return f"missing field {name!r}", True
-        v = obj[name]
-        if not isinstance(v, _PY_TYPES[t]) or (t in ("int", "float") and isinstance(v, bool)):
-            got = "object" if isinstance(v, _Pairs) else type(v).__name__
-            return f"field {name!r} should be {t}, got {got}", True
-        if t == "int" and not -(1 << 63) <= v < 1 << 63:
-            return f"field {name!r} is outside int64", True
-        if t == "float" and isinstance(v, float) and not np.isfinite(v):
-            return f"field {name!r} is not a finite number", True
-        if t == "str" and not _is_utf8(v):  # invalid bytes or a lone surrogate escape: Arrow refuses both
-            return f"field {name!r} is not valid UTF-8", True
-    return None, False
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class _Unparsable(ValueError):
     """Arrow read a set of records into a table that does not hold one valid row per record."""
 
@@ -259,33 +213,6 @@ def _plain_table(spec: StreamSpec, lines: bytes, count: int) -> pa.Table | None:
     return pa.Table.from_arrays(columns, schema=arrow_schema(spec))
 
 
-def _one_line_objects(values: Sequence[bytes | None]) -> tuple[np.ndarray, bytes | None]:
-    """Which values Arrow's reader may be given: one line (it breaks lines at CR too) starting
-    with an object (it crashes the process, SIGSEGV seen with pyarrow 26.0.1, when its input
-    starts with `null`). Returns the mask and, when every value passes, the values joined by
-    LF (the reader's input, built once). Checked on the joined bytes as arrays: a line break
-    inside a value shows in the count, a value's first byte at its start; only values that do
-    not start with `{` right away (leading blanks, or empty) are looked at one by one."""
-    count = len(values)
-    try:
-        joined = b"\n".join(values)  # type: ignore[arg-type]
-    except TypeError:  # a None (tombstone) among them: `None in values` would cost a compare per value
-        joined = None
-    if count == 0 or joined is None or joined.count(b"\n") != count - 1 or b"\r" in joined:
-        return np.array([_one_line_object(v) for v in values], dtype=bool), None
-    lengths = np.fromiter(map(len, values), np.int64, count)  # type: ignore[arg-type]
-    starts = np.cumsum(lengths + 1) - lengths - 1
-    raw = np.frombuffer(joined, np.uint8)
-    good = (lengths > 0) & (raw[np.minimum(starts, max(len(raw) - 1, 0))] == ord("{")) if len(raw) else lengths > 0
-    for i in np.flatnonzero(~good).tolist():
-        good[i] = _one_line_object(values[i])
-    return good, joined if good.all() else None
-
-
-def _one_line_object(value: bytes | None) -> bool:
-    return value is not None and b"\n" not in value and b"\r" not in value and value.lstrip()[:1] == b"{"
-
-
 def _isolate(spec: StreamSpec, build: Callable[[np.ndarray], pa.Table], idx: np.ndarray,
              explain: Callable[[int, Exception], str]) -> tuple[np.ndarray, pa.Table, list[Reject]]:
     """Build a table of the records `idx`; where `build` fails, bisect down to the records it
@@ -312,14 +239,17 @@ def decode_json(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarr
 
     values: record values (None: a tombstone); part/off/arr: per record its partition,
     offset and arrival time. Never raises."""
-    good, joined = _one_line_objects(values)
+    good, joined = one_line_objects(values)
+    if joined is None and (unfolded := unfold_lines(values, good)) is not None:
+        values = unfolded
+        good, joined = one_line_objects(values)
     rejects = [Reject(int(i), "malformed", _describe_unparsable(spec, values[i])) for i in np.flatnonzero(~good)]
 
     def build(rows: np.ndarray) -> pa.Table:
         return _parse_json(spec, [values[i] for i in rows])  # type: ignore[misc]
 
     def explain(i: int, e: Exception) -> str:
-        return _check_one_json(spec, values[i])[0] or f"{type(e).__name__}: {e}"  # type: ignore[arg-type]
+        return check_one_json(spec, values[i])[0] or f"{type(e).__name__}: {e}"  # type: ignore[arg-type]
 
     idx = np.flatnonzero(good)
     try:
@@ -344,7 +274,7 @@ def _salvage(spec: StreamSpec, values: Sequence[bytes | None], idx: np.ndarray,
     whatever its size, so Python's json sorts first: records it is sure Arrow (or
     `_bad_rows`) refuses are rejected without asking; those it finds fine and those it is
     unsure of are bisected, as two groups, down to the records Arrow refuses."""
-    verdicts = [_check_one_json(spec, values[i]) for i in idx.tolist()]  # type: ignore[arg-type]
+    verdicts = [check_one_json(spec, values[i]) for i in idx.tolist()]  # type: ignore[arg-type]
     fine = np.array([problem is None for problem, _ in verdicts], dtype=bool)
     sure = np.array([certain for _, certain in verdicts], dtype=bool)
     rejects += [Reject(int(i), "malformed", verdicts[n][0]) for n, i in enumerate(idx) if sure[n]]  # type: ignore[arg-type]
@@ -358,9 +288,7 @@ def _salvage(spec: StreamSpec, values: Sequence[bytes | None], idx: np.ndarray,
 def _describe_unparsable(spec: StreamSpec, value: bytes | None) -> str:
     if value is None or not value.strip():
         return "empty value"
-    if b"\n" in value or b"\r" in value:
-        return "JSON spread over several lines"
-    return _check_one_json(spec, value)[0] or "JSON value must be an object"
+    return check_one_json(spec, value)[0] or "JSON value must be an object"
 
 
 def decode_avro(spec: StreamSpec, values: Sequence[bytes | None], part: np.ndarray, off: np.ndarray,
@@ -417,12 +345,17 @@ def decode_blocks(spec: StreamSpec, values: Sequence[bytes | None], part: np.nda
     want = arrow_schema(spec)
     for i, v in enumerate(values):
         try:
+            expands_to = decoded_bytes(v or b"")
+            if expands_to > spec.max_block_bytes:
+                rejects.append(Reject(i, "oversize", f"the block holds {expands_to} bytes decompressed, more than the "
+                                                     f"stream's max_block_bytes={spec.max_block_bytes}"))
+                continue
             whole = read_ipc(v or b"")
             t = whole.select(list(spec.fields)).cast(want)
             index = _tuple_index(whole)
             if not 0 <= int(off[i]) < 1 << (63 - BLOCK_SHIFT):
                 raise ValueError(f"offset {off[i]} does not fit beside {BLOCK_SHIFT} bits of tuple index")
-        except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too
+        except (pa.ArrowException, OSError, KeyError, ValueError) as e:  # damaged IPC raises OSError too (IpcDamage: ValueError)
             rejects.append(Reject(i, "malformed", f"not an Arrow IPC block of stream {spec.name}: {e}"))
             continue
         tables.append(t)

@@ -95,6 +95,11 @@ class StreamSpec(_Strict):
         description="the longest str or bytes value a tuple may hold (UTF-8 bytes for str); a record with a "
                     "longer one is dead-lettered as oversize. A stream's values are held at the width of its "
                     "longest one, so this bounds what one record can add to the memory of a window")
+    max_block_bytes: int = Field(
+        default=64 << 20, gt=0, le=1 << 34,
+        description="blocks format: the most bytes a record's Arrow IPC buffers may hold once decompressed "
+                    "(LZ4/ZSTD bodies); a record that would expand past it is dead-lettered as oversize before "
+                    "anything is decompressed")
 
     @model_validator(mode="after")
     def _fields_exist(self) -> "StreamSpec":

@@ -53,6 +53,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("spark"))
         elif tier == "bench":
             item.add_marker(pytest.mark.xdist_group("bench"))
+        elif uses_module_fixture(item):
+            # A module-scoped fixture (a broker and fleet run once for several tests) is set up
+            # once per worker process: its tests stay together, or each worker would run it again.
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.module.__name__}"))  # type: ignore[attr-defined]
+
+
+def uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope in ("module", "package", "class")
+                                    for defs in info.name2fixturedefs.values() for d in defs)
 
 
 def pytest_configure(config: pytest.Config) -> None:

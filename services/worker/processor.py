@@ -174,7 +174,8 @@ def late_records(job: JobSettings, stream: int, group: int, buf: RecordBuffer, l
     """Late tuples as dead letters of `group`: a JSON/Avro record whole, a block record's late
     tuples as a block of just those."""
     spec = job.streams[stream]
-    detail = f"event time older than the watermark {watermark} (allowed lateness {job.join.allowed_lateness_ms} ms)"
+    detail = (f"event time older than the group's watermark when read (at least {watermark}; allowed lateness "
+              f"{job.join.allowed_lateness_ms} ms)")
     if spec.format != "blocks":
         at = buf.record_index(late[PART], late[OFF])
         return [DeadRecord(stream, group, int(buf.partitions[i]), int(buf.offsets[i]), buf.keys[i], buf.values[i],

@@ -62,13 +62,14 @@ _FIELD_VALUES: list[object] = [
 def structured_json_records(data: bytes) -> list[bytes | None]:
     """A poll of JSON objects chosen by `data`: one byte per declared field picks its value
     (or leaves it out), one more picks how the object is written (ASCII-escaped or raw, which
-    turns a lone surrogate into invalid UTF-8)."""
+    turns a lone surrogate into invalid UTF-8; on one line or pretty-printed over several)."""
     fields, width = list(SPEC.fields), len(SPEC.fields) + 1
     out: list[bytes | None] = []
     for at in range(0, len(data) - width + 1, width):
         choice = data[at:at + width]
         obj = {f: _FIELD_VALUES[c % len(_FIELD_VALUES)] for f, c in zip(fields, choice)}
-        text = json.dumps({f: v for f, v in obj.items() if v is not _ABSENT}, ensure_ascii=choice[-1] % 2 == 0)
+        text = json.dumps({f: v for f, v in obj.items() if v is not _ABSENT}, ensure_ascii=choice[-1] % 2 == 0,
+                          indent=2 if choice[-1] & 2 else None)
         out.append(text.encode("utf-8", "surrogatepass"))
     return out
 

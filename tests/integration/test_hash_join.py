@@ -12,6 +12,7 @@ import time
 import pytest
 
 from streamjoin.services import kafka
+from streamjoin.topology import topics
 from streamjoin.services.coordinator.status import snapshot
 from streamjoin.launcher import wait_drained
 from tests.integration.conftest import make_job
@@ -32,11 +33,13 @@ def rows_out_of_order(streams: str, n: int, keys: int, seed: int, lag_ms: int = 
 
 
 def test_two_way_time_window_with_bad_input(broker, fleet_for, tmp_path) -> None:
+    """Started on a backlog, so a group reads rows far apart in time in one batch: the rows an
+    hour... far behind their partitions' earlier rows, with the other stream moved on, are
+    still late (judged in the batch's canonical order), and bad records are dead letters."""
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 400}, {"range_ms": 250}], workers=2,
                    join={"allowed_lateness_ms": 1000}, worker={"max_record_bytes": 512})
-    fleet = fleet_for(job, 2)
     rows = rows_out_of_order("rs", 6000, 100, seed=1, lag_ms=800)
-    # Far behind every watermark once the streams have moved on: late.
+    # Far behind every watermark once the streams have moved on (two thirds in): late.
     late = [Row("r", 7, 1_000), Row("s", 9, 2_000)]
     bad = [
         ("it.r", b"1", b"{not json"),
@@ -44,11 +47,9 @@ def test_two_way_time_window_with_bad_input(broker, fleet_for, tmp_path) -> None
         ("it.s", b"3", json.dumps({"k": "three", "ts": 20_000, "pad": "x"}).encode()),  # mistyped key
         ("it.s", b"4", json.dumps({"k": 4, "ts": 20_000, "pad": "x" * 600}).encode()),  # oversize
     ]
-    produce(job, broker.bootstrap, rows)
-    # Joined first, so the watermarks have moved on when the late rows come: on a loaded machine
-    # workers that started slowly would read both in their first batch, where nothing is late yet.
-    wait_drained(job, broker.bootstrap, fleet, timeout=120)
-    produce(job, broker.bootstrap, late, raw=bad)
+    topics.ensure(kafka.Cluster(broker.bootstrap).admin(), job)
+    produce(job, broker.bootstrap, rows[:4000] + late + rows[4000:], raw=bad)
+    fleet = fleet_for(job, 2)
     wait_drained(job, broker.bootstrap, fleet, timeout=120)
     result = check(job, broker.bootstrap)
     assert result.exact, result

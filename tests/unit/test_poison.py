@@ -67,16 +67,17 @@ HOSTILE_JSON = {
     "empty": (b"", "empty value"),
     "blank": (b"  \t ", "empty value"),
     "tombstone": (None, "empty value"),
-    "random bytes": (bytes(range(256)) * 3, "several lines"),
+    "random bytes": (bytes(range(256)) * 3, "not JSON"),
     "random bytes on one line": (bytes(range(14, 256)), "not JSON"),
     "two objects on one line": (_json() + b" " + _json(), "Extra data"),
-    "carriage return between objects": (_json() + b"\r" + _json(), "several lines"),
+    "carriage return between objects": (_json() + b"\r" + _json(), "Extra data"),
+    "line break inside a string": (_json(v="a\nb").replace(b"\\n", b"\n"), "Invalid control character"),
+    "form feed as whitespace": (b"\x0c" + _json(), "not JSON"),
     "null": (b"null", "must be an object"),  # Arrow's reader segfaults on input that starts with null
     "null after whitespace": (b" \t null", "must be an object"),
     "object then null": (_json() + b" null", "Extra data"),
     "number": (b"5", "must be an object"),
     "byte order mark": (b"\xef\xbb\xbf" + _json(), ""),
-    "several lines": (_json().replace(b", ", b",\n"), "several lines"),
     "array": (b"[1, 2]", "must be an object"),
     "duplicate key": (b'{"k": 1, "k": 2, "ts": 5, "v": "x", "w": 0.5}', "more than once"),
     "truncated": (_json()[:-3], "not JSON"),
@@ -187,6 +188,30 @@ def test_a_block_with_more_tuples_than_the_offset_encoding_holds_is_rejected() -
     out = decode_blocks(SPEC, [big, _block()], *_meta(2))
     assert out.block[KEY].tolist() == [0, 1]
     assert [r.index for r in out.rejects] == [0] and "tuple indexes" in out.rejects[0].detail
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4", None])
+def test_a_block_that_would_expand_past_max_block_bytes_is_oversize_before_it_is_decompressed(
+        compression: str | None) -> None:
+    """A few kilobytes of compressed zeros hold megabytes: refused by the headers' sizes, and
+    a compressed block within the bound decodes beside it."""
+    spec = SPEC.model_copy(update={"max_block_bytes": 1 << 20})
+    n = 1 << 17  # 8 bytes x 2 int columns + 8 x float: 3 MiB of buffers
+    bomb = pa.table({"k": np.zeros(n, np.int64), "ts": np.zeros(n, np.int64), "v": [""] * n, "w": np.zeros(n)})
+    small = pa.table({"k": [7, 8], "ts": [5, 5], "v": ["x", "y"], "w": [0.5, 0.5]})
+
+    def ipc(table: pa.Table) -> bytes:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+            w.write_table(table)
+        return sink.getvalue().to_pybytes()
+
+    out = decode_blocks(spec, [ipc(small), ipc(bomb), ipc(small)], *_meta(3))
+    assert out.block[KEY].tolist() == [7, 8, 7, 8]
+    assert [(r.index, r.reason) for r in out.rejects] == [(1, "oversize")]
+    assert "max_block_bytes" in out.rejects[0].detail
+    if compression:
+        assert len(ipc(bomb)) < 1 << 20, "the bomb must be small on the wire for the bound to matter"
 
 
 @pytest.mark.parametrize("fmt", ["json", "avro", "blocks"])
