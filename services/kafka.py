@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streamjoin.settings import JobSettings
-from streamjoin.topology.partitioner import PRODUCER_PARTITIONER
+if TYPE_CHECKING:  # only annotations: Spark's Python workers import this module, each in a new process
+    from streamjoin.settings import JobSettings
 
 _log = logging.getLogger("streamjoin.kafka")
 
@@ -85,7 +85,8 @@ _CONSUMER: dict[str, Any] = {
     "max.poll.interval.ms": 30_000,
     "session.timeout.ms": 10_000,
 }
-_PRODUCER: dict[str, Any] = PRODUCER_PARTITIONER | {
+_PRODUCER: dict[str, Any] = {
+    "partitioner": "murmur2_random",  # Kafka's default (Java) partitioner, as topology/partitioner.py computes it
     "linger.ms": 5,
     "batch.size": 1 << 20,
     "message.max.bytes": 16 << 20,

@@ -23,7 +23,6 @@ from streamjoin.engine import hash_kernels
 from streamjoin.schemas.columns import flat, string_array
 from streamjoin.settings import FieldType
 
-PRODUCER_PARTITIONER = {"partitioner": "murmur2_random"}
 _SEED, _M, _R = 0x9747B28C, 0x5BD1E995, 24
 
 

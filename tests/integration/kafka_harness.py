@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 from confluent_kafka import Producer
 
@@ -25,13 +26,15 @@ class Row:
 
 
 def produce(job: JobSettings, bootstrap: str, rows: list[Row], raw: list[tuple[str, bytes | None, bytes]] = (),
-            producer: Producer | None = None) -> None:
+            producer: Producer | None = None, spelling: Callable[[int, dict], str] | None = None) -> None:
     """Rows as JSON records keyed by their join key (murmur2-partitioned), in the given order;
-    `raw` records (topic, key, value) are written as they are, for bad-input tests."""
+    `raw` records (topic, key, value) are written as they are, for bad-input tests;
+    `spelling(n, doc)`: the JSON text of the n-th row (default: json.dumps, compact)."""
     p = producer or kafka.Cluster(bootstrap).producer()
     topic_of = {s.name: job.topic_of(s) for s in job.streams}
-    for r in rows:
-        value = json.dumps({"k": r.key, "ts": r.ts, "pad": "x" * 8}).encode()
+    for n, r in enumerate(rows):
+        doc = {"k": r.key, "ts": r.ts, "pad": "x" * 8}
+        value = (spelling(n, doc) if spelling else json.dumps(doc)).encode()
         p.produce(topic_of[r.stream], key=key_bytes(r.key), value=value)
     for topic, key, value in raw:
         p.produce(topic, key=key, value=value)

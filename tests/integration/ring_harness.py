@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Callable
 
 import numpy as np
 
@@ -36,16 +37,17 @@ def band_rows(job: JobSettings, n: int, seed: int, t0: int = 1_000, span_ms: int
 
 
 def produce_rows(job: JobSettings, bootstrap: str, rows: list[tuple[int, dict]], raw: list = (),
-                 partitions: list[int] | None = None) -> None:
+                 partitions: list[int] | None = None, spelling: Callable[[int, dict], str] = lambda _, v: json.dumps(v),
+                 ) -> None:
     """Write `rows` ((stream, value) pairs) to their source topics, to `partitions[k]` when
     given, else round robin: every source partition must deliver a record before a ring's
-    watermark moves (join.idle_timeout_ms off)."""
+    watermark moves (join.idle_timeout_ms off). `spelling(k, value)`: the k-th row's JSON text."""
     p = kafka.Cluster(bootstrap).producer()
     written = Counter()  # per stream, for its own round robin
     for k, (i, v) in enumerate(rows):
         partition = partitions[k] if partitions is not None else written[i] % job.partitions
         written[i] += 1
-        p.produce(job.topic_of(job.streams[i]), value=json.dumps(v).encode(), partition=partition)
+        p.produce(job.topic_of(job.streams[i]), value=spelling(k, v).encode(), partition=partition)
     for topic, value in raw:
         p.produce(topic, value=value)
     assert p.flush(30) == 0

@@ -1,5 +1,5 @@
-"""Hostile input against real workers: 33 kinds of bad records interleaved with good
-ones, over 10,000 of them on a 2-way hash job with 2 workers, and on a 2-node ring. No
+"""Hostile input against real workers: 34 kinds of bad records interleaved with good
+ones (a third of those pretty-printed, a third padded with whitespace), over 10,000 of them on a 2-way hash job with 2 workers, and on a 2-node ring. No
 worker or head exits, each bad record is in the dead-letter topic exactly once with its
 reason, the dead-letter metric agrees with the topic (hash), and the good records join
 exactly."""
@@ -63,7 +63,8 @@ def hostile_records(now_ms: int) -> list[tuple[str, bytes | None, list | None, s
         ("random bytes", bytes(range(256)) * 4, None, "malformed"),
         ("two objects on a line", good + b" " + good, None, "malformed"),
         ("carriage return", good + b"\r" + good, None, "malformed"),
-        ("several lines", good.replace(b", ", b",\n"), None, "malformed"),
+        ("line break inside a string", b'{"k": 5, "ts": 20000, "pad": "x\ny"}', None, "malformed"),
+        ("whitespace JSON does not allow", b"\x0c" + good, None, "malformed"),
         ("array", b"[1, 2, 3]", None, "malformed"),
         ("null", b"null", None, "malformed"),  # Arrow's JSON reader segfaults on input starting with null
         ("duplicate field", b'{"k": 5, "k": 6, "ts": 20000, "pad": "x"}', None, "malformed"),
@@ -75,6 +76,16 @@ def hostile_records(now_ms: int) -> list[tuple[str, bytes | None, list | None, s
         ("stream header None", good, [(STREAM_HEADER, None)], "unknown-stream"),
         ("stream header of another stream", good, [(STREAM_HEADER, b"q")], "unknown-stream"),
     ]
+
+
+def spelled(n: int, doc: dict) -> str:
+    """Valid JSON however it is spelled: every third good row pretty-printed, every third padded
+    with whitespace inside and around (RFC 8259 allows both; they must join like the rest)."""
+    if n % 3 == 1:
+        return json.dumps(doc, indent=2)
+    if n % 3 == 2:
+        return " \t\r\n" + json.dumps(doc, separators=(" ,\n", " :\t")) + "\r\n "
+    return json.dumps(doc)
 
 
 def _write_hostile(job, bootstrap: str, kinds: list, copies: int = 1) -> dict[tuple[str, int, int], str]:  # type: ignore[no-untyped-def]
@@ -115,7 +126,7 @@ def test_hostile_records_are_dead_lettered_once_and_no_worker_stops(broker, flee
     rows = [Row("rs"[i % 2], (i // 2) % 40, 10_000 + i * 5) for i in range(3000)]
     landed: dict[tuple[str, int, int], str] = {}
     for part in range(3):  # good, hostile, good, hostile, ...: the bad records share polls with good ones
-        produce(job, broker.bootstrap, rows[part * 1000:(part + 1) * 1000])
+        produce(job, broker.bootstrap, rows[part * 1000:(part + 1) * 1000], spelling=spelled)
         landed |= _write_hostile(job, broker.bootstrap, kinds, copies=60)
     assert len(landed) >= 10_000
     wait_drained(job, broker.bootstrap, fleet, timeout=300)
@@ -143,7 +154,7 @@ def test_hostile_records_do_not_stop_a_ring(broker, tmp_path) -> None:
         rows = [(i % 2, {"k": (i // 2) % 40, "ts": 10_000 + i * 5, "pad": "x"}) for i in range(3000)]
         landed: dict[tuple[str, int, int], str] = {}
         for part in range(3):
-            produce_rows(job, broker.bootstrap, rows[part * 1000:(part + 1) * 1000])
+            produce_rows(job, broker.bootstrap, rows[part * 1000:(part + 1) * 1000], spelling=spelled)
             landed |= _write_hostile(job, broker.bootstrap, kinds, copies=60)
         assert len(landed) >= 10_000
         wait_ring_quiet(job, broker.bootstrap, fleet)
