@@ -35,7 +35,7 @@ class Coordinator:
         self.job = job
         self.metrics_port = job.coordinator.metrics_port if metrics_port is None else metrics_port
         self.cluster = cluster
-        self.control_in = self.cluster.consumer(f"{job.consumer_group}-coordinator")
+        self.control_in = self.cluster.consumer(f"{job.consumer_group}-coordinator", **kafka.CONTROL)
         self.out = self.cluster.producer()
         self.moves: Moves | None = None  # the placement and the moves in flight, once a placement exists
         self.started_at = time.monotonic()

@@ -64,7 +64,7 @@ class Worker:
         self.consumer = cluster.consumer(job.consumer_group)
         self.emitter = Emitter(job, cluster.producer(f"{job.job}-{worker_id}"
                                                    if job.worker.exactly_once else None), worker_id)
-        self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control")
+        self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control", **kafka.CONTROL)
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
         self.paused: set[tuple[str, int]] = set()  # input partitions paused by event-time alignment
