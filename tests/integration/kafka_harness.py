@@ -10,7 +10,7 @@ from typing import Callable
 
 from confluent_kafka import Producer
 
-from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
+from streamjoin.engine.reference import RefTuple, RefWindow, reference_join, reference_outer_join
 from streamjoin.schemas.result_codec import decode_results, result_layout
 from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, decode_commit, decode_headers
 from streamjoin.services import kafka
@@ -105,8 +105,12 @@ def check(job: JobSettings, bootstrap: str) -> Check:
     final_wm: dict[int, int] = {}
     for c in commits(job, bootstrap):
         final_wm[c.group] = max(final_wm.get(c.group, c.watermark), c.watermark)
-    expected = reference_join(streams, windows, final_wm if job.emits_on_watermark else None,
-                              group_of=lambda t: partition_for(key_bytes(t.key), job.partitions))
+    group_of = lambda t: partition_for(key_bytes(t.key), job.partitions)  # noqa: E731
+    if job.join.type == "inner":
+        expected = reference_join(streams, windows, final_wm if job.emits_on_watermark else None, group_of=group_of)
+    else:  # null-padded rows too: each row its group's final watermark decided and no result held
+        expected = reference_outer_join(streams, windows, job.join.type, [job.topic_of(s) for s in job.streams],
+                                        final_wm, group_of=group_of)
     counts = Counter(produced)
     return Check(
         expected=len(expected), results=len(produced), missing=len(expected - set(counts)),
