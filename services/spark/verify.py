@@ -212,9 +212,11 @@ def expected_results(inputs: Sequence[DataFrame], windows: Sequence[WindowSpec],
 
 
 def _read(spark: SparkSession, cluster: Cluster, topics: list[str]) -> DataFrame:
-    """One snapshot of all the topics, pinned so every later step sees the same records."""
+    """One snapshot of all the topics, pinned so every later step sees the same records. Read
+    as one partition per core, not one per topic partition: every later stage runs a task per
+    partition, and a task that starts a Python worker for a few records costs more than it does."""
     return (spark.read.format(KAFKA).options(**kafka_options(cluster)).option("topics", ",".join(topics))
-            .load().localCheckpoint(eager=True))
+            .load().coalesce(spark.sparkContext.defaultParallelism).localCheckpoint(eager=True))
 
 
 def value_schema(spec: StreamSpec) -> StructType:
