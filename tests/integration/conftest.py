@@ -42,7 +42,8 @@ def fleet_for(broker: embedded.EmbeddedBroker, tmp_path: Path) -> Iterator:
 
     def start(job: JobSettings, workers: int) -> Fleet:
         topics.ensure(kafka.Cluster(broker.bootstrap).admin(), job)
-        fleet = Fleet(job, write_job(job, tmp_path / "job.yaml"), broker.bootstrap, tmp_path / "logs")
+        home = tmp_path / job.job if fleets else tmp_path  # a test's later fleets: a folder of their own
+        fleet = Fleet(job, write_job(job, home / "job.yaml"), broker.bootstrap, home / "logs")
         fleets.append(fleet)
         fleet.start_coordinator()
         ids = [f"w{i}" for i in range(workers)]

@@ -12,6 +12,7 @@ import pytest
 
 from streamjoin.launcher import wait_drained
 from streamjoin.services import kafka
+from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import metric
@@ -32,23 +33,35 @@ def one_stream_then_the_other() -> list[Row]:
             for name in "rs" for i in range(PER_STREAM)]
 
 
-def drain(broker, fleet_for, tmp_path, read_ahead_ms: int | None) -> tuple[float, float, object]:
-    """Produce the backlog, then start one worker on it; its peak window (tuples), the records it
-    read while the broker acknowledged its cycles, and the check."""
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": WINDOW_MS}] * 2, workers=1, partitions=4,
-                   join={"allowed_lateness_ms": LATENESS_MS, "max_read_ahead_ms": read_ahead_ms},
-                   worker={"max_batch_records": BATCH_RECORDS})
-    topics.ensure(kafka.Cluster(broker.bootstrap).admin(), job)
-    produce(job, broker.bootstrap, one_stream_then_the_other())
+def drain(bootstrap: str, fleet_for, job: JobSettings) -> tuple[float, float, object]:  # type: ignore[no-untyped-def]
+    """One worker drains the backlog already written to `job`'s inputs; its peak window (tuples),
+    the records it read while the broker acknowledged its cycles, and the check."""
     fleet = fleet_for(job, 1)
-    wait_drained(job, broker.bootstrap, fleet, timeout=240)
+    wait_drained(job, bootstrap, fleet, timeout=240)
     port = fleet.metrics_ports["w0"]
-    return (metric(port, "streamjoin_window_state_tuples_peak"), metric(port, "streamjoin_read_ahead_records_total"),
-            check(job, broker.bootstrap))
+    peak, read_ahead = (metric(port, "streamjoin_window_state_tuples_peak"),
+                        metric(port, "streamjoin_read_ahead_records_total"))
+    fleet.stop_all()  # the next job gets the machine
+    return peak, read_ahead, check(job, bootstrap)
 
 
-def test_a_backlog_of_one_stream_then_the_other_keeps_the_window_near_its_size(broker, fleet_for, tmp_path) -> None:
-    peak, read_ahead, result = drain(broker, fleet_for, tmp_path, AHEAD_MS)
+def test_aligned_intake_keeps_the_window_near_its_size_where_unaligned_holds_the_first_stream_whole(
+        broker, fleet_for, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One backlog, written once, drained by two jobs on the same input topics: with
+    join.max_read_ahead_ms, then without (job `unaligned`: its own results, state and group)."""
+    aligned = make_job(broker.bootstrap, tmp_path, [{"range_ms": WINDOW_MS}] * 2, workers=1, partitions=4,
+                       join={"allowed_lateness_ms": LATENESS_MS, "max_read_ahead_ms": AHEAD_MS},
+                       worker={"max_batch_records": BATCH_RECORDS})
+    unaligned = aligned.model_copy(update={
+        "job": "unaligned",
+        "streams": [s.model_copy(update={"topic": aligned.topic_of(s)}) for s in aligned.streams],
+        "join": aligned.join.model_copy(update={"max_read_ahead_ms": None}),
+        "worker": aligned.worker.model_copy(update={"state_dir": tmp_path / "unaligned-state"}),
+    })
+    topics.ensure(kafka.Cluster(broker.bootstrap).admin(), aligned)
+    produce(aligned, broker.bootstrap, one_stream_then_the_other())
+
+    peak, read_ahead, result = drain(broker.bootstrap, fleet_for, aligned)
     assert result.exact, result
     assert read_ahead > 0  # a backlog has records waiting while each cycle commits: the next batch took some
     assert result.expected > PER_STREAM  # keys repeat within the window: many results
@@ -57,8 +70,6 @@ def test_a_backlog_of_one_stream_then_the_other_keeps_the_window_near_its_size(b
     window = 2 * (WINDOW_MS + LATENESS_MS + AHEAD_MS) * 1000 // GAP_MS // 1000
     assert peak <= window * 1.6 + BATCH_RECORDS, (peak, window)  # expired tuples leave with their run's next merge
 
-
-def test_without_alignment_the_same_backlog_holds_the_first_stream_whole(broker, fleet_for, tmp_path) -> None:
-    peak, _, result = drain(broker, fleet_for, tmp_path, None)
+    peak, _, result = drain(broker.bootstrap, fleet_for, unaligned)
     assert result.exact, result
     assert peak >= PER_STREAM * 0.9, peak  # r read whole before s moves the watermark
