@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,21 +44,54 @@ def _claim(port: int) -> bool:
     return True
 
 
+def _ephemeral_start() -> int:
+    """Where the kernel's ephemeral ports begin (Linux: ip_local_port_range; else IANA's 49152)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
 def free_port() -> int:
     """A loopback port free now and never handed out before by this process, nor by any other
     process claiming ports in the folder `STREAMJOIN_PORT_CLAIMS` names.
 
-    The kernel readily gives the same ephemeral port to two binds in a row once
-    the first socket is closed; a fleet asks for several ports before any
-    service binds its own, so a repeat would make two services collide.
+    Taken below the kernel's ephemeral range: a port from inside it (a bind to port 0) can be
+    handed to any outgoing connection between the moment it is picked and the moment its
+    service binds it (a worker then fails to serve its metrics and restarts into the same
+    clash). The kernel also readily gives the same ephemeral port to two binds in a row once
+    the first socket is closed; a fleet asks for several ports before any service binds its
+    own, so a repeat would make two services collide.
     """
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port not in _ISSUED_PORTS and _claim(port):
+    for _ in range(10_000):
+        port = _candidate()
+        if port not in _ISSUED_PORTS and _bindable(port) and _claim(port):
             _ISSUED_PORTS.add(port)
             return port
+    raise BrokerError("no free loopback port below the ephemeral range")
+
+
+_CHOOSE = random.Random()
+
+
+def _candidate() -> int:
+    """A port to try: at random from 10000 to where the ephemeral range begins; where that
+    leaves too few (an unusual ip_local_port_range), whatever a bind to port 0 gets."""
+    below = _ephemeral_start()
+    if below > 11_000:
+        return _CHOOSE.randrange(10_000, below)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
