@@ -80,15 +80,16 @@ _CONSUMER: dict[str, Any] = {
     "queued.max.messages.kbytes": 256 << 10,
     # librdkafka waits this long (default 1 s) before fetching a partition again once its local
     # queue holds queued.min.messages: on a backlog drain that idles the fetcher between bursts
-    # (issue 16: one consumer reads 1.2M records/s with 10 ms).
+    # (one consumer reads 1.2M records/s with 10 ms).
     "fetch.queue.backoff.ms": 10,
     "max.poll.interval.ms": 30_000,
     "session.timeout.ms": 10_000,
 }
-# Control-plane readers (placement, moves, heartbeats): nothing waits on them record by record,
-# and a broker without long polling (the embedded Tansu answers a fetch only when its wait runs
-# out) serves every idle consumer 1000 / fetch.wait.max.ms fetches a second: at 20 ms, an idle
-# fleet of three processes kept the broker 15% busy.
+# Control-plane readers (placement, moves, heartbeats): nothing waits on them record by record.
+# An idle consumer fetches 1000 / fetch.wait.max.ms times a second, and each empty fetch costs
+# the embedded Tansu about a millisecond of CPU: at 20 ms, an idle fleet of three processes kept
+# it 15% busy. Data consumers keep 20 ms: under read_committed a longer wait adds up to ~50 ms
+# per hop on Tansu (measured), which ring rounds and re-routed records pay at every hop.
 CONTROL: dict[str, Any] = {"fetch.wait.max.ms": 200}
 _PRODUCER: dict[str, Any] = {
     "partitioner": "murmur2_random",  # Kafka's default (Java) partitioner, as topology/partitioner.py computes it
