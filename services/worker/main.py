@@ -411,9 +411,10 @@ class Worker:
         metrics.PUSHED_BYTES.inc(size)
 
     def _idle(self, now_ms: int) -> tuple[dict[int, frozenset[int]], list[int]]:
-        """join.idle_timeout_ms: per owned group, its streams with no record for that long, and
-        the groups without pending records whose idle streams changed since their last batch
-        (a newly idle stream may let their watermark move: they get a batch of no records)."""
+        """join.idle_timeout_ms: per owned group, its streams with no record for that long and
+        nothing left to read, and the groups without pending records whose idle streams changed
+        since their last batch (a newly idle stream may let their watermark move: they get a
+        batch of no records)."""
         idle_ms = self.job.join.idle_timeout_ms
         if not idle_ms or not self.heard:
             return {}, []
@@ -422,6 +423,17 @@ class Worker:
                 self.heard[g][i] = now_ms
         groups = sorted(self.heard)
         silent = now_ms - np.stack([self.heard[g] for g in groups]) >= idle_ms
+        # Silence is nothing left to read, not nothing read: a stream whose partitions hold records
+        # past the consumer's position (the worker was busy, or just started) is not idle, or what
+        # it has not read yet would be late once read.
+        quiet = {(g, int(i)): self._source_partitions(g, int(i)) for g, row in zip(groups, silent)
+                 for i in np.flatnonzero(row)}
+        if quiet:
+            unread = self._unread({tp for tps in quiet.values() for tp in tps})
+            for (g, i), tps in quiet.items():
+                if any(tp in unread for tp in tps):
+                    self.heard[g][i] = now_ms
+            silent = now_ms - np.stack([self.heard[g] for g in groups]) >= idle_ms
         idle = {g: frozenset(np.flatnonzero(row).tolist()) for g, row in zip(groups, silent) if row.any()}
         busy = {g for buf in self.pending.values() for g in buf.positions}
         woken = [g for g in groups if g not in busy and idle.get(g, frozenset()) != self.idle_seen.get(g, frozenset())]
