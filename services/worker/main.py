@@ -75,6 +75,7 @@ class Worker:
         self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
         self.unsettled: dict[tuple[str, int], int] = {}  # idle partition -> offset it was found behind at
         self.heard: dict[int, np.ndarray] = {}  # group -> per stream, wall ms of its last record (or of assignment)
+        self.listened_ms = 0  # wall ms of the last look for idle streams (join.idle_timeout_ms)
         self.idle_seen: dict[int, frozenset[int]] = {}  # group -> its idle streams at its last batch
         self.record_size = RecordSize()  # prices the consumer lag in bytes for the heartbeat's backlog
         self.results_total = 0  # results produced since start: the coordinator's output-rate signal
@@ -224,6 +225,7 @@ class Worker:
             self.committed.update({(tp.topic, tp.partition): tp.offset for tp in assigned if tp.offset >= 0})
             now_ms = int(time.time() * 1000)
             self.heard.update({g: np.full(len(self.job.streams), now_ms, np.int64) for g in added})
+            self.listened_ms = max(self.listened_ms, now_ms)
             self._keep_budget()
         self.groups = wanted
         metrics.GROUPS.set(len(wanted))
@@ -418,6 +420,13 @@ class Worker:
         idle_ms = self.job.join.idle_timeout_ms
         if not idle_ms or not self.heard:
             return {}, []
+        if now_ms - self.listened_ms > idle_ms:
+            # The loop was away for longer than the timeout (a long cycle, a stall, a slow start):
+            # it heard nothing, which says nothing of the inputs, and the consumer's ends of its
+            # partitions are as old. Silence counts from now, as after a restart.
+            for heard in self.heard.values():
+                heard[:] = now_ms
+        self.listened_ms = now_ms
         for i, buf in self.pending.items():
             for g in buf.positions:
                 self.heard[g][i] = now_ms
