@@ -75,6 +75,7 @@ class Worker:
         self.committed: dict[tuple[str, int], int] = {}  # input partition -> the offset committed for it
         self.unsettled: dict[tuple[str, int], int] = {}  # idle partition -> offset it was found behind at
         self.heard: dict[int, np.ndarray] = {}  # group -> per stream, wall ms of its last record (or of assignment)
+        self.listened_ms = 0  # wall ms of the last look for idle streams (join.idle_timeout_ms)
         self.idle_seen: dict[int, frozenset[int]] = {}  # group -> its idle streams at its last batch
         self.record_size = RecordSize()  # prices the consumer lag in bytes for the heartbeat's backlog
         self.results_total = 0  # results produced since start: the coordinator's output-rate signal
@@ -224,6 +225,7 @@ class Worker:
             self.committed.update({(tp.topic, tp.partition): tp.offset for tp in assigned if tp.offset >= 0})
             now_ms = int(time.time() * 1000)
             self.heard.update({g: np.full(len(self.job.streams), now_ms, np.int64) for g in added})
+            self.listened_ms = max(self.listened_ms, now_ms)
             self._keep_budget()
         self.groups = wanted
         metrics.GROUPS.set(len(wanted))
@@ -411,17 +413,36 @@ class Worker:
         metrics.PUSHED_BYTES.inc(size)
 
     def _idle(self, now_ms: int) -> tuple[dict[int, frozenset[int]], list[int]]:
-        """join.idle_timeout_ms: per owned group, its streams with no record for that long, and
-        the groups without pending records whose idle streams changed since their last batch
-        (a newly idle stream may let their watermark move: they get a batch of no records)."""
+        """join.idle_timeout_ms: per owned group, its streams with no record for that long and
+        nothing left to read, and the groups without pending records whose idle streams changed
+        since their last batch (a newly idle stream may let their watermark move: they get a
+        batch of no records)."""
         idle_ms = self.job.join.idle_timeout_ms
         if not idle_ms or not self.heard:
             return {}, []
+        if now_ms - self.listened_ms > idle_ms:
+            # The loop was away for longer than the timeout (a long cycle, a stall, a slow start):
+            # it heard nothing, which says nothing of the inputs, and the consumer's ends of its
+            # partitions are as old. Silence counts from now, as after a restart.
+            for heard in self.heard.values():
+                heard[:] = now_ms
+        self.listened_ms = now_ms
         for i, buf in self.pending.items():
             for g in buf.positions:
                 self.heard[g][i] = now_ms
         groups = sorted(self.heard)
         silent = now_ms - np.stack([self.heard[g] for g in groups]) >= idle_ms
+        # Silence is nothing left to read, not nothing read: a stream whose partitions hold records
+        # past the consumer's position (the worker was busy, or just started) is not idle, or what
+        # it has not read yet would be late once read.
+        quiet = {(g, int(i)): self._source_partitions(g, int(i)) for g, row in zip(groups, silent)
+                 for i in np.flatnonzero(row)}
+        if quiet:
+            unread = self._unread({tp for tps in quiet.values() for tp in tps})
+            for (g, i), tps in quiet.items():
+                if any(tp in unread for tp in tps):
+                    self.heard[g][i] = now_ms
+            silent = now_ms - np.stack([self.heard[g] for g in groups]) >= idle_ms
         idle = {g: frozenset(np.flatnonzero(row).tolist()) for g, row in zip(groups, silent) if row.any()}
         busy = {g for buf in self.pending.values() for g in buf.positions}
         woken = [g for g in groups if g not in busy and idle.get(g, frozenset()) != self.idle_seen.get(g, frozenset())]

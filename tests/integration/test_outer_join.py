@@ -37,7 +37,7 @@ from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import wait_metric
-from tests.integration.kafka_harness import Row, produce, read_all
+from tests.integration.kafka_harness import Row, check, produce, read_all
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -245,3 +245,32 @@ def test_an_idle_input_stops_holding_unmatched_rows_back(broker, start_fleet,  #
     assert not [t for t in held_decided.values() if t > s_last]
     assert set(held_decided) < set(decided) and not after_silence & set(held_decided)
     assert still_waiting >= len(after_silence)
+
+
+def test_a_stalled_worker_does_not_take_its_unread_input_for_silence(broker, start_fleet,  # type: ignore[no-untyped-def]
+                                                                     tmp_path: Path) -> None:
+    """A left join with join.idle_timeout_ms (1 s) whose worker is stopped (SIGSTOP) for 3 s
+    while both streams keep coming: on waking, every stream of every group has had no record
+    read for longer than the timeout, yet each one's partitions hold what was written meanwhile.
+    Unread input is not silence: nothing is dead-lettered as late and the output is exact (the
+    reference's left join). Taken for silence, the wall clock would have moved each group's
+    watermark past the records written during the stop, and they would have been late."""
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 1000}] * 2, workers=1, partitions=4,
+                   join={"type": "left", "allowed_lateness_ms": 500, "idle_timeout_ms": 1000})
+    fleet = start_fleet(job)
+    write_live(job, broker.bootstrap, "rs", 2, 400, 51)
+    wait_metric(fleet.metrics_ports["w0"], "streamjoin_batch_seconds_count", 1, timeout=60)
+    worker = fleet.procs["w0"]
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        write_live(job, broker.bootstrap, "rs", 3, 400, 52)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    write_live(job, broker.bootstrap, "rs", 1, 400, 53)
+    wait_drained(job, broker.bootstrap, fleet, timeout=120)
+    wait_zero(fleet.metrics_ports["w0"], "streamjoin_rows_awaiting_decision", timeout=30)
+    fleet.stop_all()
+    result = check(job, broker.bootstrap)
+    assert result.dead_letter.get("late", 0) == 0, result.dead_letter
+    assert result.exact, result
+    assert result.expected > 1000
