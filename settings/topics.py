@@ -78,7 +78,7 @@ class RoleTopics(_Strict):
         return v
 
 
-# Defaults per role, and why (the README's table repeats these):
+# Defaults per role, and why (docs/operations.md's table repeats these):
 #   input       delete, cluster retention: the user's data; we only create missing input topics.
 #               `topics check` wants retention >= window + lateness (+ topics.outage_margin_ms).
 #   results     delete, cluster retention: what consumers read; never compacted (results share keys).

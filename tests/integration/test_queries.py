@@ -248,7 +248,7 @@ def wait_versions_running(job: JobSettings, bootstrap: str, work_dir: Path, time
     """Until every live operator version has committed a batch (its worker runs). The test
     restarts the service only then: a version stopped before its first batch starts again that
     much later after its barrier, and a version must start within queries.catchup_ms of it (the
-    documented bound, README "How it shares"). On a slow machine (CI, 2026-11-27: processes 10-14 s
+    documented bound, docs/semantics.md "How it shares"). On a slow machine (CI, 2026-11-27: processes 10-14 s
     to start) a restart in that gap started one 35 s after its barrier, and its backfill's
     re-routed tuples reached it behind its watermark: dead-lettered as late."""
     deadline = time.monotonic() + timeout
