@@ -36,6 +36,17 @@ def make_job(bootstrap: str, tmp_path: Path, windows: list[dict], workers: int, 
                 **extra)
 
 
+def on_the_same_inputs(job: JobSettings, name: str, tmp_path: Path, **join: object) -> JobSettings:
+    """`job` as job `name` on the same input topics (its own results, state and consumer group),
+    with the join settings in `join` replaced: a second job to compare on one input."""
+    return job.model_copy(update={
+        "job": name,
+        "streams": [s.model_copy(update={"topic": job.topic_of(s)}) for s in job.streams],
+        "join": job.join.model_copy(update=join),
+        "worker": job.worker.model_copy(update={"state_dir": tmp_path / f"{name}-state"}),
+    })
+
+
 @pytest.fixture
 def fleet_for(broker: embedded.EmbeddedBroker, tmp_path: Path) -> Iterator:
     fleets: list[Fleet] = []

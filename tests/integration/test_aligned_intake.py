@@ -14,7 +14,7 @@ from streamjoin.launcher import wait_drained
 from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
-from tests.integration.conftest import make_job
+from tests.integration.conftest import make_job, on_the_same_inputs
 from tests.integration.fleet_harness import metric
 from tests.integration.kafka_harness import Row, check, produce
 
@@ -52,12 +52,7 @@ def test_aligned_intake_keeps_the_window_near_its_size_where_unaligned_holds_the
     aligned = make_job(broker.bootstrap, tmp_path, [{"range_ms": WINDOW_MS}] * 2, workers=1, partitions=4,
                        join={"allowed_lateness_ms": LATENESS_MS, "max_read_ahead_ms": AHEAD_MS},
                        worker={"max_batch_records": BATCH_RECORDS})
-    unaligned = aligned.model_copy(update={
-        "job": "unaligned",
-        "streams": [s.model_copy(update={"topic": aligned.topic_of(s)}) for s in aligned.streams],
-        "join": aligned.join.model_copy(update={"max_read_ahead_ms": None}),
-        "worker": aligned.worker.model_copy(update={"state_dir": tmp_path / "unaligned-state"}),
-    })
+    unaligned = on_the_same_inputs(aligned, "unaligned", tmp_path, max_read_ahead_ms=None)
     topics.ensure(kafka.Cluster(broker.bootstrap).admin(), aligned)
     produce(aligned, broker.bootstrap, one_stream_then_the_other())
 

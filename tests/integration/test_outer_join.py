@@ -35,7 +35,7 @@ from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import snapshot
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
-from tests.integration.conftest import make_job
+from tests.integration.conftest import make_job, on_the_same_inputs
 from tests.integration.fleet_harness import wait_metric
 from tests.integration.kafka_harness import Row, check, produce, read_all
 
@@ -183,17 +183,6 @@ def start_fleet(broker, tmp_path: Path) -> Iterator[Callable[[JobSettings], Flee
         f.stop_all()
 
 
-def without_idle_timeout(job: JobSettings, tmp_path: Path) -> JobSettings:
-    """`job` with no join.idle_timeout_ms, as job `held` on the same input topics (its own
-    results, state and consumer group)."""
-    return job.model_copy(update={
-        "job": "held",
-        "streams": [s.model_copy(update={"topic": job.topic_of(s)}) for s in job.streams],
-        "join": job.join.model_copy(update={"idle_timeout_ms": None}),
-        "worker": job.worker.model_copy(update={"state_dir": tmp_path / "held-state"}),
-    })
-
-
 def wait_zero(port: int, name: str, timeout: float) -> None:
     """Until the service on `port` serves `name` (summed over its labels) as 0."""
     deadline = time.monotonic() + timeout
@@ -215,7 +204,7 @@ def test_an_idle_input_stops_holding_unmatched_rows_back(broker, start_fleet,  #
     idle_ms, window_ms, lateness_ms = 1000, 1000, 500
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": window_ms}] * 2, workers=1, partitions=4,
                    join={"type": "left", "allowed_lateness_ms": lateness_ms, "idle_timeout_ms": idle_ms})
-    held = without_idle_timeout(job, tmp_path)
+    held = on_the_same_inputs(job, "held", tmp_path, idle_timeout_ms=None)
     fleets = {j.job: start_fleet(j) for j in (job, held)}
     s_last = write_live(job, broker.bootstrap, "rs", 4, 400, 41)["s"]
     r_last = write_live(job, broker.bootstrap, "r", 4, 200, 42)["r"]
