@@ -70,7 +70,7 @@ FULL = Plan(window_ms=600_000, partitions=60, workers=(1, 2),
 # still makes the few batches its sustained rate needs.
 QUICK = Plan(window_ms=10_000, partitions=4, workers=(1,), steps=(ours.Step(500, 2), ours.Step(1000, 2)),
              consume_repeats=1, reference_repeats=1, spark_files_per_trigger=8,
-             left=left_join.LeftPlan(window_ms=2_000, rate=500, seconds=6, spark_files_per_trigger=8),
+             left=left_join.LeftPlan(window_ms=2_000, rate=500, seconds=9, spark_files_per_trigger=8),
              quix_consumer={"session.timeout.ms": 3_000, "heartbeat.interval.ms": 500})
 
 
