@@ -51,10 +51,13 @@ TIME_BOUND = 1 << 60
 BLOCK_INDEX = "_sj_index"
 
 
+UNSUPPORTED = "unsupported"  # valid input a column cannot hold as written (a str value ending in U+0000)
+
+
 @dataclass(frozen=True)
 class Reject:
     index: int  # position in the polled batch
-    reason: str  # short machine-readable reason: malformed, oversize, unknown-stream, late
+    reason: str  # short machine-readable reason: malformed, oversize, unsupported, unknown-stream, late
     detail: str
 
 
@@ -113,7 +116,8 @@ def _bad_rows(spec: StreamSpec, table: pa.Table) -> tuple[np.ndarray, np.ndarray
     non-finite float (results must stay valid JSON), an event time outside +-TIME_BOUND.
     Oversize: a str or bytes value longer than the stream's max_field_bytes (a column is
     stored at its longest value's width, so one long value would widen every tuple beside it
-    and the window after it). Vectorised: one pass per column."""
+    and the window after it). Unsupported: a str value ending in U+0000 (as PostgreSQL's
+    text refuses U+0000). Vectorised: one pass per column."""
     bad = np.zeros(table.num_rows, dtype=bool)
     why = np.full(table.num_rows, "", dtype=object)
     reason = np.full(table.num_rows, "", dtype=object)
@@ -133,6 +137,11 @@ def _bad_rows(spec: StreamSpec, table: pa.Table) -> tuple[np.ndarray, np.ndarray
             lengths = pc.binary_length(col).fill_null(0).to_numpy()
             flag(lengths > spec.max_field_bytes, f"field {name!r} holds more than the stream's "
                  f"max_field_bytes={spec.max_field_bytes} bytes", "oversize")
+        if t == "str":
+            # A str column is NumPy 'U', which ends each value at its last non-NUL character: a
+            # value ending in U+0000 would join, and come out, as the value without it.
+            flag(pc.ends_with(col, "\x00").fill_null(False).to_numpy(zero_copy_only=False),
+                 f"field {name!r} ends in U+0000, which a text column cannot hold", UNSUPPORTED)
     ts = table.column(spec.time_field).fill_null(0).to_numpy()
     flag((ts <= -TIME_BOUND) | (ts >= TIME_BOUND), f"time field {spec.time_field!r} outside +-2^60 ms")
     return bad, why, reason

@@ -12,7 +12,7 @@ Commits: topic `<job>.commits` (internal, compacted by key), JSON values.
              been released (joined) for good.
 
 Dead letter: topic `<job>.dead-letter`, value and key are the original
-record's bytes; headers: sj-reason (malformed | late | oversize |
+record's bytes; headers: sj-reason (malformed | late | oversize | unsupported |
 unknown-stream | misrouted | udf-error), sj-detail, sj-topic, sj-partition,
 sj-offset (the input record), sj-group, sj-seq.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from confluent_kafka import Producer
@@ -53,6 +53,9 @@ class Check:
     extra: int
     duplicates: int
     dead_letter: Counter
+    # A few of the missing and extra results, each input as (topic, partition, offset, event time),
+    # so that a failure names what was lost, not only how much.
+    sample: dict[str, list] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -112,9 +115,13 @@ def check(job: JobSettings, bootstrap: str) -> Check:
         expected = reference_outer_join(streams, windows, job.join.type, [job.topic_of(s) for s in job.streams],
                                         final_wm, group_of=group_of)
     counts = Counter(produced)
+    missing, extra = expected - set(counts), set(counts) - expected
+    ts = {t.ref: t.ts for rows in streams for t in rows}
+    sample = {name: [tuple((*ref, ts.get(ref)) if ref else None for ref in pair) for pair in sorted(pairs, key=str)[:5]]
+              for name, pairs in (("missing", missing), ("extra", extra)) if pairs}
     return Check(
-        expected=len(expected), results=len(produced), missing=len(expected - set(counts)),
-        extra=len(set(counts) - expected), duplicates=sum(c - 1 for c in counts.values()), dead_letter=reasons,
+        expected=len(expected), results=len(produced), missing=len(missing), extra=len(extra),
+        duplicates=sum(c - 1 for c in counts.values()), dead_letter=reasons, sample=sample,
     )
 
 

@@ -71,6 +71,7 @@ def hostile_records(now_ms: int) -> list[tuple[str, bytes | None, list | None, s
         ("truncated", good[:-4], None, "malformed"),
         ("oversize", _value(pad="x" * (MAX_RECORD_BYTES + 1)), None, "oversize"),
         ("field past max_field_bytes", _value(pad="x" * 4097), None, "oversize"),
+        ("str ending in U+0000", _value(pad="x\u0000"), None, "unsupported"),
         ("future", _value(ts=now_ms + 3_600_000), None, "future"),
         ("stream header not UTF-8", good, [(STREAM_HEADER, b"\xff\xfe")], "unknown-stream"),
         ("stream header None", good, [(STREAM_HEADER, None)], "unknown-stream"),

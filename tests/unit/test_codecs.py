@@ -56,6 +56,30 @@ def test_json_bad_records_are_rejected_with_reasons_and_the_rest_kept() -> None:
     assert all(r.reason == "malformed" for r in out.rejects)
 
 
+def test_a_str_value_ending_in_nul_is_unsupported_and_an_inner_nul_is_kept() -> None:
+    """NumPy text columns end a value at its last non-NUL character: "a\\u0000" would join as "a"."""
+    good = {"k": 1, "ts": 5, "x": 1.0}
+    values = [json.dumps({**good, "pad": p}).encode() for p in ("a\u0000", "a\u0000b", "a", "\u0000")]
+    for decode in (decode_json, _avro_decoder()):
+        out = decode(SPEC, values, *_meta(len(values)))
+        assert [(r.index, r.reason) for r in out.rejects] == [(0, "unsupported"), (3, "unsupported")]
+        assert out.block["pad"].tolist() == ["a\u0000b", "a"]
+
+
+def _avro_decoder():  # type: ignore[no-untyped-def]
+    """decode_avro over the same documents, each written with the stream's Avro schema."""
+    schema = fastavro.parse_schema(avro_schema(SPEC))
+
+    def decode(spec: StreamSpec, values: list[bytes], *meta):  # type: ignore[no-untyped-def]
+        framed = []
+        for v in values:
+            buf = io.BytesIO()
+            fastavro.schemaless_writer(buf, schema, json.loads(v))
+            framed.append(buf.getvalue())
+        return decode_avro(spec, framed, *meta)
+    return decode
+
+
 def test_avro_records_round_trip_and_bad_bytes_are_rejected() -> None:
     schema = fastavro.parse_schema(avro_schema(SPEC))
     values = []
