@@ -577,7 +577,21 @@ def bench(
                         "as a scale-out curve: one backlog preloaded without Spark, drained with each count; the "
                         "JSON gives tuples/s, speedup, CPU of workers and broker, and the raw-consume limit")] = None,
 ) -> None:
-    """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact."""
+    """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact.
+
+    SIGTERM or Ctrl-C stops every process it started (broker included) and exits 0, no report."""
+    from streamjoin.services.shutdown import Stopped, raise_on_signals
+
+    raise_on_signals()
+    try:
+        _bench(workload, quick, json_path, plot, nodes, durability, scale)
+    except Stopped:
+        console.print("bench stopped; its services and broker are stopped too")
+
+
+def _bench(workload: str, quick: bool, json_path: Path | None, plot: Path | None, nodes: str | None,
+           durability: bool, scale: str | None) -> None:
+    """`bench` past its signal handling: the run, its JSON and its exit code."""
     from streamjoin.bench import WORKLOADS, run_bench
 
     options = _bench_options(workload, nodes, durability)

@@ -189,3 +189,36 @@ def test_broker_command_takes_its_tansu_child_with_it(sig: int, expected_code: i
             cli.wait(10)
         for pid in filter(_alive, tansu):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stopped_bench_takes_its_broker_and_services_with_it(tmp_path: Path) -> None:
+    """SIGTERM while `bench` runs its first fleet: it exits 0 and no process it started outlives
+    it (Tansu dies with its parent anyway; the coordinator and workers only if the bench stops them)."""
+    env = {k: v for k, v in os.environ.items() if k != "STREAMJOIN_BOOTSTRAP"}
+    cli = subprocess.Popen([sys.executable, "-m", "streamjoin.cli", "bench", "adapt", "--quick", "--json",
+                            str(tmp_path / "out.json")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    children: list[int] = []
+    try:
+        def services_started() -> bool:
+            children[:] = _child_pids(cli.pid)
+            return any(b"streamjoin.cli\x00coordinator" in _cmdline(pid) for pid in children)
+
+        wait_until("a coordinator started by the bench", services_started, 120)
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(GRACE_S + 30) == 0
+        left = [pid for pid in children if _alive(pid)]
+        assert not left, f"processes the bench started outlived it: {[_cmdline(p)[:80] for p in left]}"
+        assert not (tmp_path / "out.json").exists()  # stopped: no report
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+        for pid in filter(_alive, children):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
