@@ -92,7 +92,7 @@ def check(decoder: str, data: bytes) -> Decoded:
     assert taken | set(rejected) <= set(range(n)), "a verdict on a record that is not there"
     if decoder != "blocks":  # a block record may hold no tuples; a JSON/Avro record is one tuple or a reject
         assert taken | set(rejected) == set(range(n)), "a record neither taken nor rejected"
-    assert all(r.reason in ("malformed", "oversize") and r.detail for r in out.rejects)
+    assert all(r.reason in ("malformed", "oversize", "unsupported") and r.detail for r in out.rejects)
     assert n - 1 in taken and out.block[KEY][out.records == n - 1].tolist() == [GOOD_KEY], "the good record was lost"
     for i, v in enumerate(values[:-1]):  # a record's fate must not depend on its neighbours (replay decodes fewer)
         alone = DECODERS[decoder](SPEC, [v], np.zeros(1, np.int32), np.zeros(1, np.int64), np.zeros(1, np.int64))
