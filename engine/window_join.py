@@ -118,26 +118,34 @@ def empty_window(plan: JoinPlan, templates: list[Block]) -> GroupWindow:
 
 
 def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_ms: int,
-                  idle: frozenset[int] = frozenset(), floor: int = NO_TIME) -> BatchOutcome:
+                  idle: frozenset[int] = frozenset(), floor: int = NO_TIME,
+                  bound: tuple[int | None, int | None] | None = None) -> BatchOutcome:
     """Join one batch of new tuples into the group's window (mutates `window`).
 
     `deltas`: per stream, the new tuples (may be empty: a batch with none still advances the
     watermark when `idle` or `floor` say so); `idle`: streams left out of the watermark's min;
-    `floor`: the watermark after the batch is at least this."""
+    `floor`: the watermark after the batch is at least this; `bound`: event times the streams'
+    newest-time minimum may not pass, as if one more input stood at it: the one the batch's
+    tuples are judged late with, and the one the watermark after it takes (None: no bound;
+    the progress of the partitions that re-route to the group, services/worker/progress.py)."""
     wm_before = window.watermark
+    before, after = bound or (None, None)
     accepted, late = [], []
-    for d, behind in zip(deltas, late_in_batch(deltas, window.max_ts, idle, plan.lateness_ms)):
+    # The bound is one more input that has seen up to it and reads nothing in this batch.
+    extra = [] if before is None else [window.runs[0].template]
+    judged = late_in_batch(deltas + extra, list(window.max_ts) + ([before] if extra else []), idle, plan.lateness_ms)
+    for d, behind in zip(deltas, judged):
         on_time = (d[TS] >= wm_before) & ~behind
         accepted.append(sort_by_key_time(d.filter(on_time)))
         late.append(d.filter(~on_time))
     if plan.on_watermark:
         for i, d in enumerate(accepted):
             window.runs[i].add(d)
-        _advance_watermark(plan, window, accepted, idle, floor)
+        _advance_watermark(plan, window, accepted, idle, floor, after)
         results = _emit_on_watermark(plan, window, wm_before, window.watermark, now_ms)
     else:
         results = _emit_eager(plan, window, accepted, now_ms)
-        _advance_watermark(plan, window, accepted, idle, floor)
+        _advance_watermark(plan, window, accepted, idle, floor, after)
     if plan.join_type == "inner":
         expire(plan, window)
         return BatchOutcome(results, late, wm_before, window.watermark, accepted)
@@ -183,13 +191,14 @@ def _padded(plan: JoinPlan, window: GroupWindow, side: int, rows: Block, now_ms:
 
 
 def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block], idle: frozenset[int],
-                       floor: int) -> None:
+                       floor: int, bound: int | None = None) -> None:
     for i, d in enumerate(accepted):
         if len(d):
             window.max_ts[i] = max(window.max_ts[i], int(d[TS].max()))
     live = [t for i, t in enumerate(window.max_ts) if i not in idle]
-    if live and min(live) > NO_TIME:  # every stream idle: the watermark holds
-        window.watermark = max(window.watermark, min(live) - plan.lateness_ms)
+    low = min(live + ([bound] if bound is not None else [])) if live else NO_TIME
+    if low > NO_TIME:  # every stream idle: the watermark holds
+        window.watermark = max(window.watermark, low - plan.lateness_ms)
     window.watermark = max(window.watermark, floor)
 
 

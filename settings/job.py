@@ -186,6 +186,14 @@ class JoinSpec(_Strict):
         default="auto",
         description="hash mode: a record whose partition is not murmur2(join key) mod partitions is re-routed "
                     "through <job>.<stream>.by-key (auto) or dead-lettered as misrouted (never)")
+    repartition_watermarks: bool = Field(
+        default=False,
+        description="hash mode, repartition auto: a group tells the groups it re-routes to how far it has read "
+                    "each source partition (progress notes on the by-key topics), and a group's watermark follows "
+                    "every source partition of its inputs, so a re-routed tuple is late only against its own "
+                    "partition, however far a group read ahead (a backlog). Costs a note per stream and group pair "
+                    "per batch, and a partition with no records holds the watermark until idle_timeout_ms. The "
+                    "query service turns it on for its operator versions")
     start_offsets: dict[str, dict[int, int]] = Field(
         default_factory=dict,
         description="hash mode: source topic -> partition -> the offset a group with no checkpoint starts "
@@ -200,6 +208,13 @@ class JoinSpec(_Strict):
         default=300_000, ge=0,
         description="a record whose event time is more than this ahead of the worker's clock is dead-lettered "
                     "(reason future) and never moves a watermark; 0 or null = no limit")
+
+    @model_validator(mode="after")
+    def _watermarks_need_repartition(self) -> "JoinSpec":
+        if self.repartition_watermarks and (self.mode != "hash" or self.repartition != "auto"):
+            raise ValueError("join.repartition_watermarks needs join.mode: hash and join.repartition: auto "
+                             "(nothing else re-routes tuples)")
+        return self
 
 
 class OutputSpec(_Strict):
@@ -325,11 +340,15 @@ class QueriesSpec(_Strict):
     barrier_delay_ms: int = Field(
         default=1_000, ge=0,
         description="a switch's event-time barrier lies at least this far past the newest result routed")
-    catchup_ms: int = Field(
-        default=30_000, ge=0,
-        description="how long after its barrier a new operator version may still be starting and reading its "
-                    "backfill; its allowed lateness is the job's plus its longest RANGE plus this, so that records "
-                    "it re-routes during the backfill are not late")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_settings(cls, data: Any) -> Any:
+        """Accepted and ignored: `catchup_ms`, which job files written for earlier releases may
+        set (an operator version is exact however late it starts: join.repartition_watermarks)."""
+        if isinstance(data, dict) and "catchup_ms" in data:
+            data = {k: v for k, v in data.items() if k != "catchup_ms"}
+        return data
 
     @model_validator(mode="after")
     def _regions(self) -> "QueriesSpec":

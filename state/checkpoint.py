@@ -1,5 +1,5 @@
 """What a partition group's stored state reflects: the last batch applied,
-its input boundary, the watermark, the repartitioning marks, and where in the
+its input boundary, the watermark, the repartitioning marks and progress, and where in the
 results, commits and dead-letter partitions the next batch's records begin
 (recovery reads from there), and where in the changelog the records this
 state is built from begin."""
@@ -28,6 +28,12 @@ class GroupCheckpoint(BaseModel):
     # newest event time], oldest first.
     generation_start: int = 0
     generations: list[list[int]] = []
+    # join.repartition_watermarks (services/worker/progress.py): per stream, the newest event
+    # time read in each source partition (as notes told this group, or as it read its own) and
+    # the partitions idle; and the streams this group told idle to the groups it re-routes to.
+    progress: dict[str, dict[int, int]] = {}
+    idle_sources: dict[str, list[int]] = {}
+    told_idle: list[str] = []
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

@@ -6,6 +6,16 @@ projected fields, filtered at intake by the operator's selection cover
 (`StreamSpec.where`), keyed by its join classes and windowed by its ranges;
 results as Arrow blocks for the router. A version starts at given source
 offsets (`join.start_offsets`): about a window before its switch barrier.
+
+A version starts on a backlog, however late after its barrier its processes
+come up: its groups read the records already in their partitions at once,
+and the records they re-route (a source not keyed the way the operator joins)
+reach their groups a cycle later, behind the event time the backlog ran the
+groups up to. So a version carries its watermarks across the repartition
+(`join.repartition_watermarks`, services/worker/progress.py): a group's
+watermark follows every source partition, a re-routed tuple is late only
+against its own source partition, and the job's allowed lateness is enough,
+whatever the start delay.
 """
 
 from __future__ import annotations
@@ -37,21 +47,6 @@ def _operator_stream(catalog: StreamSpec, service: JobSettings, op: OperatorDef)
     })
 
 
-def backfill_lateness(service: JobSettings, op: OperatorDef) -> int:
-    """The allowed lateness of a version of `op`: the job's, plus its longest RANGE, plus
-    `queries.catchup_ms`.
-
-    A version starts on a backlog. Its groups read the records already in their partition at
-    once, and the records they must re-route (a source not keyed the way the operator joins)
-    a cycle later, behind a watermark the backlog has run up to the catch-up time C. The
-    records that matter are those that can still join a result at or after the barrier B:
-    event time >= B - longest RANGE. With C <= B + catchup_ms, this lateness keeps every one
-    of them (older ones are skipped as before its start, `join.start_event_ms`). The price is
-    state: the window is kept for this much longer."""
-    longest = max(ms for _, ms in op.range_ms)
-    return service.join.allowed_lateness_ms + longest + service.queries.catchup_ms
-
-
 def version_job(service: JobSettings, operator: str, version: int, op: OperatorDef,
                 start_offsets: Offsets, start_event_ms: int | None = None) -> JobSettings:
     """The hash-mode job settings of `operator`'s `version` with definition `op`.
@@ -72,7 +67,7 @@ def version_job(service: JobSettings, operator: str, version: int, op: OperatorD
         "output": {"format": "blocks"},
     })
     data["join"] = data["join"] | {"mode": "hash", "start_offsets": start_offsets, "predicate": [],
-                                   "allowed_lateness_ms": backfill_lateness(service, op),
+                                   "repartition": "auto", "repartition_watermarks": True,
                                    "start_event_ms": start_event_ms}
     data["worker"] = data["worker"] | {"state_dir": str(Path(service.worker.state_dir) / name),
                                        "region": op.region}

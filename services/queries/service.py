@@ -14,7 +14,10 @@ deploy a new one, by network usage), recorded in the registry, and carried out:
 B is at least `queries.barrier_delay_ms` after now and after every result the
 router has routed from the old version, so no routed result is on the wrong
 side of it. A query's own results are those with start <= T < end (its start
-is B; its end is set the same way when it is dropped or its lifetime ends).
+is B; its end is set the same way when it is dropped or its lifetime ends,
+past what every version serving it has routed). Event time may run ahead of
+the wall clock: a query served from a running version starts no earlier than
+that version's own barrier, before which it has no results.
 """
 
 from __future__ import annotations
@@ -180,9 +183,20 @@ class ReuseService:
         return registration
 
     def _barrier(self, versions: list[str]) -> int:
-        """An event time past now (by barrier_delay_ms) and past every result routed from `versions`."""
+        """An event time past now (by barrier_delay_ms), past every result routed from `versions`
+        and not before the first barrier of any of them (a version has no results before it: it
+        skips the tuples that could only make them). Event time may run ahead of the wall clock,
+        so now alone can lie behind what a version has routed or begins at."""
         now_ms = int(time.time() * 1000) + self.spec.barrier_delay_ms
-        return max([now_ms] + [self.router.newest(v) + 1 for v in versions])
+        starts = [self._first_barrier(self.versions[v]) for v in versions if v in self.versions]
+        return max([now_ms] + [self.router.newest(v) + 1 for v in versions] + starts)
+
+    @staticmethod
+    def _first_barrier(record: VersionRecord) -> int:
+        """The barrier `record` was deployed at (its start event time plus its longest RANGE)."""
+        if record.start_event_ms is None:  # a record from before versions kept it: no bound known
+            return 0
+        return record.start_event_ms + max(ms for _, ms in record.definition.range_ms)
 
     def _switch(self, operator: str, definition: OperatorDef, barrier: int, extra: str | None = None) -> None:
         """Deploy `definition` as `operator`'s next version and move every query it serves (and
@@ -242,8 +256,9 @@ class ReuseService:
     def _end(self, record: QueryRecord) -> None:
         """End a query (dropped, or its lifetime over) at a barrier; narrow or retire its operator."""
         operator = record.operator
-        version = self.current[operator]
-        barrier = max(self._barrier([version]), record.registration.start_ms)
+        # Every version serving it: one it is switching away from may have routed past the newest's start.
+        serving = [v for v, running in self.versions.items() if record.registration.id in running.segments]
+        barrier = max(self._barrier(sorted({self.current[operator], *serving})), record.registration.start_ms)
         record.registration = replace(record.registration, end_ms=barrier)
         for running in self.versions.values():
             if record.registration.id in running.segments:

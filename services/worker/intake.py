@@ -28,7 +28,7 @@ group's watermark past every later record).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Mapping, Sequence
 
@@ -38,6 +38,7 @@ from confluent_kafka import Message
 from streamjoin.engine.block import OFF, TS, Block
 from streamjoin.schemas.codecs import BLOCK_INDEX, BLOCK_SHIFT, DECODERS, Reject, encode_block
 from streamjoin.services import metrics
+from streamjoin.services.worker.progress import Newest, Told, newest_read, take_notes
 from streamjoin.settings import JobSettings, StreamSpec
 from streamjoin.topology.partitioner import key_text, partitions_for_keys
 
@@ -86,6 +87,7 @@ class RecordBuffer:
         self.headers: list[list | None] = []
         self.positions: dict[int, Positions] = {}  # group -> its input positions
         self.foreign: dict[int, str] = {}  # record -> the by-key topic it sits in, unforwarded
+        self.notes: list[tuple[int, Told]] = []  # (group, note) read on the by-key topic (progress.py), in order
         self._numbers: dict[str, list[np.ndarray]] = {name: [] for name in _NUMBER_COLUMNS}
 
     def extend(self, msgs: Sequence[Message], topic: str, groups: np.ndarray, partitions: np.ndarray) -> None:
@@ -100,19 +102,21 @@ class RecordBuffer:
     def extend_forwarded(self, msgs: Sequence[Message], topic: str, partitions: np.ndarray) -> None:
         """Records read from the by-key topic `topic`, `msgs[i]` from its partition `partitions[i]`:
         a record's group is its partition there, its identity the (partition, offset) in the
-        source topic its headers name. A record without an origin was written there by someone
-        else: it is kept with its own coordinates, to be dead-lettered."""
+        source topic its headers name. A progress note (progress.py) is read, not a tuple. Any
+        other record without an origin: kept with its own coordinates, to be dead-lettered."""
         if not msgs:
             return
-        first = len(self)
-        offsets = self._take_columns(msgs)
+        self._read_up_to(topic, partitions, partitions, np.fromiter(map(type(msgs[0]).offset, msgs), np.int64))
         origins = [origin_of(m) for m in msgs]  # headers, parsed per record: forwards are the misrouted few
-        known = np.array([o is not None for o in origins], bool)
-        source = np.array([o if o is not None else (-1, -1) for o in origins], np.int64).reshape(-1, 2)
-        self.foreign.update({first + int(i): topic for i in np.flatnonzero(~known)})
-        self._push(np.where(known, source[:, 0], partitions), np.where(known, source[:, 1], offsets), partitions,
-                   known)
-        self._read_up_to(topic, partitions, partitions, offsets)
+        msgs, origins, partitions = take_notes(msgs, origins, partitions, self.notes)
+        if msgs:
+            first = len(self)
+            offsets = self._take_columns(msgs)
+            known = np.array([o is not None for o in origins], bool)
+            source = np.array([o if o is not None else (-1, -1) for o in origins], np.int64).reshape(-1, 2)
+            self.foreign.update({first + int(i): topic for i in np.flatnonzero(~known)})
+            self._push(np.where(known, source[:, 0], partitions), np.where(known, source[:, 1], offsets), partitions,
+                       known)
 
     def add(self, m: Message, group: int) -> None:
         """One record read from the stream's source topic for `group`."""
@@ -243,6 +247,8 @@ class GroupSlice:
     end: Positions
     routed: dict[int, int]
     duplicates: int  # forwarded records seen again (a retried forward) and skipped
+    read: dict[int, int] = field(default_factory=dict)  # repartition_watermarks: source partition -> newest read
+    notes: list[Told] = field(default_factory=list)  # progress notes read, in order
 
 
 @dataclass(frozen=True)
@@ -286,6 +292,7 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
             detail = f"event time more than join.max_future_ms={job.join.max_future_ms} ahead of the clock {now_ms}"
             dead += _tuples_dead(spec, stream_index, buf, block.filter(ahead), record[ahead], FUTURE, detail)
             block, record = block.filter(~ahead), record[~ahead]
+    read = newest_read(block, buf.groups[record], buf.rerouted[record]) if job.join.repartition_watermarks else {}
     if spec.where and len(block):
         outside = ~source_filter(spec, block)
         metrics.FILTERED.labels(spec.name, "where").inc(int(outside.sum()))
@@ -304,7 +311,7 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
             else:
                 dead += _misrouted_dead(spec, stream_index, buf, block.filter(wrong), record[wrong], routing)
             block, groups, rerouted = block.filter(~wrong), groups[~wrong], rerouted[~wrong]
-    return _split(buf, block, groups, dead, forwards, marks, ~fresh)
+    return _split(buf, block, groups, dead, forwards, marks, ~fresh, read)
 
 
 def source_filter(spec: StreamSpec, block: Block) -> np.ndarray:
@@ -429,7 +436,7 @@ def _dead_misrouted(stream: int, buf: RecordBuffer, i: int, value: bytes | None,
 
 
 def _split(buf: RecordBuffer, block: Block, groups: np.ndarray, dead: list[DeadRecord], forwards: list[Forward],
-           marks: dict[int, dict[int, int]], copies: np.ndarray) -> dict[int, GroupSlice]:
+           marks: dict[int, dict[int, int]], copies: np.ndarray, read: Newest) -> dict[int, GroupSlice]:
     """Per group read in this buffer: its tuples, dead letters, forwards and input positions.
     A group's positions cover every record read for it, whether or not it became a tuple."""
     dead_of: dict[int, list[DeadRecord]] = {}
@@ -447,7 +454,7 @@ def _split(buf: RecordBuffer, block: Block, groups: np.ndarray, dead: list[DeadR
         mine = order[lo:hi]
         duplicates = int(np.count_nonzero(copied == g)) if len(copied) else 0
         out[g] = GroupSlice(block.take(mine), dead_of.get(g, []), forwards_of.get(g, []), end, marks.get(g, {}),
-                            duplicates)
+                            duplicates, read.get(g, {}), [n for h, n in buf.notes if h == g])
     return out
 
 

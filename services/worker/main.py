@@ -428,7 +428,10 @@ class Worker:
                 heard[:] = now_ms
         self.listened_ms = now_ms
         for i, buf in self.pending.items():
-            for g in buf.positions:
+            # Records of the stream, not progress notes about it; with join.repartition_watermarks
+            # only those of its source partitions (re-routed ones come with their senders' progress).
+            read = buf.groups[~buf.rerouted] if self.job.join.repartition_watermarks else buf.groups
+            for g in np.unique(read).tolist():
                 self.heard[g][i] = now_ms
         groups = sorted(self.heard)
         silent = now_ms - np.stack([self.heard[g] for g in groups]) >= idle_ms

@@ -3,7 +3,7 @@ rounds alike), and a hash cycle's output in one Kafka transaction.
 
 A cycle writes, in this order:
   1. dead letters and forwards (misrouted records on their way to their
-     group's by-key partition), then flushes;
+     group's by-key partition, then the progress notes: progress.py), then flushes;
   2. one commit record per (group, batch) on `<job>.commits`, then flushes;
   3. the batches' results, one record per result (or Arrow blocks), then
      flushes (the checkpoint records where they end);
@@ -429,7 +429,7 @@ class Emitter:
     def _produce_forwards(self, batches: list[GroupBatch]) -> int:
         n = 0
         for b in batches:
-            for f in b.forwards:
+            for f in [*b.forwards, *b.notes]:  # a progress note after the forwards it speaks for
                 self.producer.produce(self.job.by_key_topic(self.job.streams[f.stream]), value=f.value, key=f.key,
                                       partition=f.partition, timestamp=f.timestamp, headers=f.headers(),
                                       on_delivery=self.deliveries.report)

@@ -18,6 +18,7 @@ from streamjoin.engine.result_ids import ABSENT, EVENT_TIME, PRODUCED_MS
 from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, process_batch
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block, keys_are_exact
 from streamjoin.services.worker.intake import DeadRecord, Forward, GroupSlice, RecordBuffer, Routing, decode_by_group
+from streamjoin.services.worker.progress import BatchProgress, ProgressNote, batch_progress
 from streamjoin.state.checkpoint import merge_positions
 from streamjoin.state.windowed import BLOCK_SEQ, GroupState, WindowedStore
 from streamjoin.settings import JobSettings
@@ -40,6 +41,7 @@ class GroupBatch:
     read_back: bool = False  # probe spill: the group's window was pushed and read back for this batch
     marks: dict[int, Block] = field(default_factory=dict)  # outer/semi/anti: rows first matched (BatchOutcome)
     unmatched: int = 0  # outer/anti: null-padded rows of rows proven unmatched
+    notes: list[ProgressNote] = field(default_factory=list)  # join.repartition_watermarks: written after forwards
 
 
 @dataclass(frozen=True)
@@ -95,14 +97,14 @@ def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: d
     states = {g: store.get(g) for g in groups}
     slices: dict[int, dict[int, GroupSlice]] = {}
     for i, buf in buffers.items():
-        if len(buf):
+        if len(buf) or buf.notes:
             name = job.streams[i].name
             routed = {g: s.checkpoint.routed.get(name, {}) for g, s in states.items()}
             for g, sl in decode_by_group(job, i, buf, routings[i], routed, now_ms).items():
                 slices.setdefault(g, {})[i] = sl
     idle, floors, starts = idle or {}, floors or {}, generation_starts or {}
     batches = [run_group_batch(job, plan, store, states[g], g, slices.get(g, {}), buffers, now_ms,
-                               idle.get(g, frozenset()), floors.get(g, NO_TIME), starts.get(g, 0))
+                               idle.get(g, frozenset()), floors.get(g, NO_TIME), starts.get(g, 0), routings)
                for g in sorted(set(slices) | set(extra))]
     for b in batches:
         b.read_back = b.group in read_back
@@ -112,15 +114,17 @@ def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: d
 def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, state: GroupState, group: int,
                     slices: dict[int, GroupSlice], buffers: dict[int, RecordBuffer], now_ms: int,
                     idle: frozenset[int] = frozenset(), floor: int = NO_TIME,
-                    generation_start: int = 0) -> GroupBatch:
+                    generation_start: int = 0, routings: Sequence[Routing] = ()) -> GroupBatch:
     """One batch of `group`: `slices` its decoded tuples per stream (none: an idle-driven
     batch); `idle` and `floor` as for process_batch; `generation_start`: this batch starts a
-    new generation when it says so (a replayed push; a live push is `state.push_pending`)."""
+    new generation when it says so (a replayed push; a live push is `state.push_pending`);
+    `routings`: how each stream reaches its groups (join.repartition_watermarks reads them)."""
     seq = state.checkpoint.seq + 1
     if store.deferred and (state.push_pending or generation_start == seq > state.checkpoint.generation_start):
         store.close_generation(state, seq)
     deltas = [_tag(slices[i].block if i in slices else store.templates[i], seq) for i in range(len(job.streams))]
-    outcome = process_batch(plan, state.window, deltas, now_ms, idle, floor)
+    progress = _progress(job, routings, state, group, slices, idle, now_ms)
+    outcome = process_batch(plan, state.window, deltas, now_ms, idle, floor, progress.bound if progress else None)
     cleanup = clean_up(plan, store, state, group, outcome.accepted, now_ms) if state.checkpoint.generations else None
     results = concat([outcome.results, cleanup[0]]) if cleanup else outcome.results
     dead = [d for sl in slices.values() for d in sl.dead]
@@ -133,11 +137,24 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
     routed = dict(state.checkpoint.routed) | {job.streams[i].name: sl.routed for i, sl in slices.items() if sl.routed}
     state.checkpoint = state.checkpoint.model_copy(update={
         "seq": seq, "end": end, "routed": routed, "max_ts": list(state.window.max_ts),
-        "watermark": state.window.watermark,
+        "watermark": state.window.watermark, **(progress.checkpoint if progress else {}),
     })
     return GroupBatch(group, seq, results, dead, [f for sl in slices.values() for f in sl.forwards], end,
                       state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()),
-                      now_ms, cleanup[1] if cleanup else None, marks=outcome.marks, unmatched=outcome.unmatched)
+                      now_ms, cleanup[1] if cleanup else None, marks=outcome.marks, unmatched=outcome.unmatched,
+                      notes=progress.notes if progress else [])
+
+
+def _progress(job: JobSettings, routings: Sequence[Routing], state: GroupState, group: int,
+              slices: dict[int, GroupSlice], idle: frozenset[int], now_ms: int) -> BatchProgress | None:
+    """What the batch reads and tells of the source partitions' progress
+    (services/worker/progress.py); None when the job does not carry watermarks across the
+    repartition (join.repartition_watermarks off)."""
+    if not (job.join.repartition_watermarks and routings):
+        return None
+    return batch_progress(job, [r.source_partitions for r in routings], state.checkpoint, group,
+                          {i: sl.read for i, sl in slices.items()}, {i: sl.notes for i, sl in slices.items()}, idle,
+                          now_ms)
 
 
 def clean_up(plan: JoinPlan, store: WindowedStore, state: GroupState, group: int, accepted: list[Block],

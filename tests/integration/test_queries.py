@@ -1,7 +1,12 @@
 """The query service end to end (issue 13): 20 overlapping queries registered one by one
 through the HTTP API while data flows, 5 dropped, the service restarted in between; every
 query's sink topic is checked exact against that query alone (the plain-Python reference:
-its own selections, windows and event-time barriers)."""
+its own selections, windows and event-time barriers).
+
+Event time runs a minute ahead of the wall clock, a minute of it written at once before the
+first query: a new operator's version, whose barrier is the wall clock's now, starts a minute
+of event time after its barrier (as one whose processes came up a minute late would), and
+the restart may stop versions before their first batch. Each must still be exact."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -22,7 +27,7 @@ from hypothesis import strategies as st
 from confluent_kafka import Producer, TopicPartition
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
-from streamjoin.launcher import committed_offsets, wait_drained, write_job
+from streamjoin.launcher import wait_drained, write_job
 from streamjoin.schemas import cql
 from streamjoin.schemas.result_codec import decode_results
 from streamjoin.services import broker as embedded
@@ -31,6 +36,7 @@ from streamjoin.services.queries.api import create_app
 from streamjoin.services.queries.registry import Registry
 from streamjoin.services.queries.router import sink_layout
 from streamjoin.services.queries.service import ReuseService
+from streamjoin.services.worker.intake import H_ORIGIN_PARTITION
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
 from tests.integration.kafka_harness import dead_letters, read_all
@@ -43,6 +49,7 @@ CARRIERS = ["DL", "CO", "UA", "AA"]
 TERMINALS = ["A", "B", "C"]
 STATUSES = ["open", "closed", "boarding"]
 FLIGHTS = [f"F{n}" for n in range(12)]
+AHEAD_MS = 60_000  # event time ahead of the wall clock (a minute of it written at once first)
 
 
 def catalog_job(bootstrap: str, tmp_path: Path, port: int) -> JobSettings:
@@ -57,20 +64,27 @@ def catalog_job(bootstrap: str, tmp_path: Path, port: int) -> JobSettings:
         coordinator={"heartbeat_timeout_ms": 5000},
         queries={"regions": ["east", "west"], "latency_ms": [[1, 40], [40, 1]], "port": port,
                  "operator_partitions": 2, "barrier_delay_ms": 500,
+                 # event time runs up to AHEAD_MS ahead of record timestamps; seeking a backfill by them covers it
+                 "backfill_margin_ms": AHEAD_MS + 15_000,
                  "source_regions": {"flights": "east", "checkins": "east"}})
 
 
 @dataclass
 class Produced:
-    """Every tuple written, as the reference reads them: per stream, (ref, fields)."""
+    """Every tuple written, as the reference reads them: per stream, (ref, fields); `ahead`
+    is set once the feeder has written its event time ahead of the wall clock."""
 
     rows: dict[str, list[tuple[tuple[str, int, int], dict]]]
     lock: threading.Lock
     errors: list[str]
+    ahead: threading.Event = field(default_factory=threading.Event)
 
 
-def produce_until(bootstrap: str, stop: threading.Event, produced: Produced, rate: float = 40.0) -> None:
-    """Write flights and checkins at `rate` each per second, event time = now, to random partitions."""
+def produce_until(bootstrap: str, stop: threading.Event, produced: Produced, rate: float = 40.0,
+                  ahead_ms: int = 0) -> None:
+    """Write flights and checkins at `rate` each per second, event time = now + `ahead_ms`, to
+    random partitions; first the event times from now to now + `ahead_ms` at the same density,
+    as fast as the broker takes them (then `produced.ahead` is set)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     rng = random.Random(13)
 
@@ -83,18 +97,25 @@ def produce_until(bootstrap: str, stop: threading.Event, produced: Produced, rat
                     produced.rows[stream].append(((msg.topic(), msg.partition(), msg.offset()), fields))
         return callback
 
-    while not stop.is_set():
-        now = int(time.time() * 1000)
+    def write(ts: int) -> None:
         flight = {"num": rng.choice(FLIGHTS), "carrier": rng.choice(CARRIERS), "terminal": rng.choice(TERMINALS),
-                  "ts": now}
+                  "ts": ts}
         checkin = {"flight": rng.choice(FLIGHTS), "status": rng.choice(STATUSES), "seats": rng.randint(0, 9),
-                   "ts": now}
+                   "ts": ts}
         # To a random partition, not keyed the way operators join: each version re-routes about
-        # half of what it reads, its backfill included (queries.catchup_ms keeps those in time).
+        # half of what it reads, its backfill included.
         for topic, stream, row in (("qs.flights", "flights", flight), ("qs.checkins", "checkins", checkin)):
             producer.produce(topic, json.dumps(row).encode(), partition=rng.randrange(2),
                              on_delivery=delivered(stream, row))
         producer.poll(0)
+
+    start = int(time.time() * 1000)
+    for k in range(int(ahead_ms * rate / 1000)):
+        write(start + int(k * 1000 / rate))
+    producer.flush(30)
+    produced.ahead.set()
+    while not stop.is_set():
+        write(int(time.time() * 1000) + ahead_ms)
         time.sleep(1 / rate)
     producer.flush(30)
 
@@ -131,13 +152,17 @@ def expected(job: JobSettings, view: dict, produced: Produced) -> set[tuple]:
     wanted = {s.column: s.values for s in query.selections}
     streams, windows = [], []
     keys = {c.stream: c.field for members in query.join_classes for c in members}
+    end = view["end_ms"] if view["end_ms"] is not None else 1 << 62
+    # A member of a result with start <= T < end lies within its RANGE before T: tuples outside
+    # (start - the longest RANGE, end) are in none, and the reference need not pair them.
+    oldest = view["start_ms"] - max(w.range_ms for w in query.windows)
     for window in query.windows:
         rows = [RefTuple(ref, fields[keys[window.stream]], fields["ts"]) for ref, fields in produced.rows[window.stream]
-                if all(fields[c.field] in values for c, values in wanted.items() if c.stream == window.stream)]
+                if oldest < fields["ts"] < end
+                and all(fields[c.field] in values for c, values in wanted.items() if c.stream == window.stream)]
         streams.append(rows)
         windows.append(RefWindow(range_ms=window.range_ms))
     by_ref = {t.ref: t.ts for rows in streams for t in rows}
-    end = view["end_ms"] if view["end_ms"] is not None else 1 << 62
     return {combo for combo in reference_join(streams, windows, group_of=lambda t: 0)
             if view["start_ms"] <= max(by_ref[r] for r in combo) < end}
 
@@ -189,8 +214,8 @@ class Service:
         left = _processes_mentioning(str(self.log.parent))
         assert not left, f"operator versions outlived the service: {left}"
 
-    def call(self, method: str, path: str, **kwargs) -> dict:  # type: ignore[no-untyped-def]
-        response = httpx.request(method, f"{self.url}{path}", timeout=60, **kwargs)
+    def call(self, method: str, path: str, timeout: float = 60, **kwargs) -> dict:  # type: ignore[no-untyped-def]
+        response = httpx.request(method, f"{self.url}{path}", timeout=timeout, **kwargs)
         assert response.status_code < 300, (response.status_code, response.text, self.log.read_text()[-3000:])
         return response.json()
 
@@ -244,35 +269,18 @@ def wait_routed(job: JobSettings, bootstrap: str, work_dir: Path, timeout: float
             raise TimeoutError(f"router did not route {version.job}'s results")
 
 
-def wait_versions_running(job: JobSettings, bootstrap: str, work_dir: Path, timeout: float = 120) -> None:
-    """Until every live operator version has committed a batch (its worker runs). The test
-    restarts the service only then: a version stopped before its first batch starts again that
-    much later after its barrier, and a version must start within queries.catchup_ms of it (the
-    documented bound, docs/semantics.md "How it shares"). On a slow machine (CI, 2026-11-27: processes 10-14 s
-    to start) a restart in that gap started one 35 s after its barrier, and its backfill's
-    re-routed tuples reached it behind its watermark: dead-lettered as late."""
-    deadline = time.monotonic() + timeout
-    cluster = kafka.Cluster(bootstrap)
-    while True:
-        _, versions = Registry(job, cluster).load()
-        waiting = [r.job for r in versions.values() if not r.retired and not any(
-            offset >= 0 for offset in committed_offsets(load(work_dir / r.job / "job.yaml"), bootstrap).values())]
-        if not waiting:
-            return
-        assert time.monotonic() < deadline, f"operator versions not running in time: {waiting}"
-        time.sleep(0.5)
-
-
 def _retired(job: JobSettings, cluster: kafka.Cluster, version: str) -> bool:
     """Whether the registry now holds operator version `version` as retired."""
     _, versions = Registry(job, cluster).load()
     return any(record.job == version and record.retired for record in versions.values())
 
 
-def _records(bootstrap: str, names: list[str]) -> int:
-    """How many records the topics `names` (2 partitions each) hold."""
-    return sum(kafka.end_offsets(kafka.Cluster(bootstrap), [(t, p) for t in names for p in range(2)],
-                                 "count").values())
+def _by_key_records(bootstrap: str, names: list[str]) -> tuple[int, int]:
+    """Of the records the by-key topics `names` (2 partitions each) hold: how many are re-routed
+    tuples (they name their origin), and how many are the progress notes beside them."""
+    records = [m for t in names for m in read_all(bootstrap, t, 2, f"count-{t}")]
+    forwards = sum(any(k == H_ORIGIN_PARTITION for k, _ in m.headers() or []) for m in records)
+    return forwards, len(records) - forwards
 
 
 def _router_offsets(job: JobSettings, bootstrap: str, partitions: list[tuple[str, int]]) -> dict:
@@ -295,19 +303,24 @@ def test_twenty_overlapping_queries_are_each_exact(tmp_path: Path) -> None:
         service = Service(write_job(job, tmp_path / "job.yaml"), broker.bootstrap, port, work_dir)
         produced = Produced({"flights": [], "checkins": []}, threading.Lock(), [])
         stop = threading.Event()
-        feeder = threading.Thread(target=produce_until, args=(broker.bootstrap, stop, produced), daemon=True)
+        feeder = threading.Thread(target=produce_until, args=(broker.bootstrap, stop, produced, 40.0, AHEAD_MS),
+                                  daemon=True)
         feeder.start()
         rng = random.Random(2026)
         service.start()
         try:
+            assert produced.ahead.wait(60), "the feeder wrote its minute ahead"
             ids = []
             for n in range(20):
-                if n == 10:  # the registry survives a restart: the service carries on from it
-                    wait_versions_running(job, broker.bootstrap, work_dir)
+                if n == 0:  # the event time every version deployed now finds in its sources already
+                    with produced.lock:
+                        written = max(fields["ts"] for rows in produced.rows.values() for _, fields in rows)
+                if n == 10:  # the registry survives a restart, its versions running or not yet: it carries on
                     before = service.call("GET", "/queries")
                     service.stop()
                     service.start()
-                    assert service.call("GET", "/queries") == before
+                    # Its first cycles restart every version at once (the API waits on the router's lock)
+                    assert service.call("GET", "/queries", timeout=180) == before
                 view = service.call("POST", "/queries", json={
                     "sql": random_query(rng), "sink": f"sink-{n}", "region": rng.choice(["east", "west"]),
                     "lifetime_s": None})
@@ -327,8 +340,8 @@ def test_twenty_overlapping_queries_are_each_exact(tmp_path: Path) -> None:
             segments = {v.job: v.segments for v in versions.values()}
             dead = {v.job: dict(dead_letters(load(work_dir / v.job / "job.yaml"), broker.bootstrap)[1])
                     for v in versions.values()}  # reason -> count
-            rerouted = sum(_records(broker.bootstrap, [f"{v.job}.{s}.by-key" for s in v.definition.sources])
-                           for v in versions.values())
+            by_key = [_by_key_records(broker.bootstrap, [f"{v.job}.{s}.by-key" for s in v.definition.sources])
+                      for v in versions.values()]
         finally:
             stop.set()
             service.stop()
@@ -337,8 +350,12 @@ def test_twenty_overlapping_queries_are_each_exact(tmp_path: Path) -> None:
     shared = {v["decision"] for v in views}
     assert shared & {"exact", "relax"}, f"no query reused an operator: {shared}"
     assert not produced.errors, produced.errors[:3]
+    # The first query's operator is new: its version's barrier is the wall clock's now, and its
+    # sources held a minute of event time past it when it was deployed.
+    assert views[0]["decision"] == "new" and written >= views[0]["start_ms"] + AHEAD_MS - 5_000, (written, views[0])
     assert not any(dead.values()), f"operator versions dead-lettered tuples: {dead}"
-    assert rerouted > 100, "versions re-routed records (their backfills among them)"
+    assert sum(f for f, _ in by_key) > 100, "versions re-routed records (their backfills among them)"
+    assert sum(n for _, n in by_key) > 0, "versions told each other their progress"
     times = {ref: fields["ts"] for rows in produced.rows.values() for ref, fields in rows}
     wrong = {}
     for view in views:

@@ -1,19 +1,24 @@
 """The query service's runtime parts without a broker: an operator version as a hash job,
-registry records, the source filter every version's intake applies, the source index."""
+its barriers, registry records, the source filter every version's intake applies, the
+source index."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from streamjoin.engine.block import system_block
+from streamjoin.engine.window_join import NO_TIME
 from streamjoin.schemas.query import Column, Selection
 from streamjoin.services.queries.deploy import version_job
 from streamjoin.services.queries.registry import VersionRecord, version_from_json, version_to_json
+from streamjoin.services.queries.service import ReuseService
 from streamjoin.services.queries.source_index import SourceIndex
 from streamjoin.services.worker.intake import source_filter
 from streamjoin.settings import SettingsError, StreamSpec, load
@@ -54,8 +59,26 @@ def test_an_operator_version_is_a_hash_job_reading_only_what_it_needs() -> None:
     assert (streams["flights"].window.range_ms, streams["checkins"].window.range_ms) == (2_000, 5_000)
     assert job.topic_of(streams["flights"]) == "qs.flights"
     assert job.start_offset("qs.flights", 1) == 7 and job.start_offset("qs.checkins", 0) == 0
-    # lateness covers the backfill: the job's 2 s default + the longest RANGE + queries.catchup_ms
-    assert job.join.allowed_lateness_ms == 2_000 + 5_000 + 30_000 and job.join.start_event_ms == 1234
+    # its watermarks travel with the tuples it re-routes, so the job's lateness covers any start delay
+    assert job.join.repartition_watermarks and job.join.repartition == "auto"
+    assert job.join.allowed_lateness_ms == 2_000 and job.join.start_event_ms == 1234
+
+
+def test_a_barrier_is_never_before_what_its_versions_routed_or_begin_at() -> None:
+    """Event time may run ahead of the wall clock: a query served from a version that has
+    routed nothing yet starts at that version's own barrier, not at now plus the delay (the
+    version has no results before its barrier), and past whatever its versions routed."""
+    service = ReuseService.__new__(ReuseService)
+    service.spec = service_job().queries
+    first = int(time.time() * 1000) + 60_000  # a minute of event time past the wall clock
+    record = VersionRecord("qs-op-1-v2", "op-1", 2, operator(), {}, start_event_ms=first - 5_000)  # longest RANGE
+    service.versions = {record.job: record}
+    routed = {record.job: NO_TIME}
+    service.router = SimpleNamespace(newest=routed.__getitem__)
+    assert service._barrier([record.job]) == first
+    routed[record.job] = first + 7_000
+    assert service._barrier([record.job]) == first + 7_001
+    assert first - 60_000 < service._barrier([]) <= first - 58_000  # no version: now plus the delay
 
 
 def test_a_version_record_reads_back_as_written() -> None:
