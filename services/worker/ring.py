@@ -21,7 +21,8 @@ and stamps its hop records with the epoch it is in. Every node reading a
 RingStart rolls back to the checkpoint the RingStart names: it rebuilds its
 slices from the round log, learns which results were written since (their ids,
 which re-driven rounds make again and the writer then skips), and the head
-re-drives the rounds logged after the checkpoint before it releases new ones.
+re-drives the rounds logged after the checkpoint and reads again what it had
+read from its sources before it releases new ones (ring_head.py).
 A hop record of an older epoch is dropped; one of a newer epoch makes the node
 read the epochs topic up to it first. The coordinator may hand a silent node's
 id to a standby (RingReplace, on the same topic): ids are worked out from that

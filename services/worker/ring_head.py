@@ -10,6 +10,13 @@ source partition where reading goes on (`read`) and where it resumes after a cra
 the oldest record with a tuple still pending, else `read`). Source offsets are committed (the
 `read` ones, for lag and `wait_ring_quiet`) only after the round is logged; recovery resumes
 from the logged `resume` offsets, never from the committed ones.
+
+After a rollback the records between `resume` and `read` are read again (the replay): their
+tuples that were pending are pending again, the others were released before. Until every
+partition has been read again up to its `read` offset the head releases no round and takes no
+checkpoint, and reads only the partitions still being replayed: a round released earlier would
+move the watermark past pending tuples not read yet (taken for released ones when they come)
+and log a state that resumes past them, which the next rollback would lose.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ class RingHead:
         # Per stream and source partition: records below this offset were read before a rollback
         # (their tuples were released, dead-lettered, or are pending again): none is dead-lettered twice.
         self.replay_below = [np.zeros(len(parts), np.int64) for parts in self.source_partitions]
+        self.replaying: set[tuple[int, int]] = set()  # (stream, partition) not read again up to replay_below yet
         self.loaded: set[int] = set()  # rounds in flight that carry tuples
         self.last_release = 0.0
         self.paused: set[tuple[int, int]] = set()  # (stream, partition) whose intake waits for the rounds
@@ -86,7 +94,7 @@ class RingHead:
 
     @property
     def busy(self) -> bool:
-        return bool(self.loaded) or bool(self.planner.steps) or bool(self.redrive)
+        return bool(self.loaded) or bool(self.planner.steps) or bool(self.redrive) or bool(self.replaying)
 
     def lag(self) -> int:
         return sum(len(b) for b in self.pending) + sum(len(b) for b in self.buffers.values())
@@ -128,6 +136,8 @@ class RingHead:
         for m in self.sources.consume(room, 0) if room else ():
             self._take(m)
         self._decode()
+        if self.replaying:
+            return  # no round, checkpoint or resize stage before the replay is done (module docstring)
         if self._checkpoint_due():
             return  # no release until the rounds in flight are back and the Mark is sent
         step = self.planner.step_ready() if self.marking is None else None
@@ -147,11 +157,17 @@ class RingHead:
         stream holds that many tuples, its source partitions ahead of the one holding the
         watermark back are paused (the consumer drops what it prefetched for them and resumes at
         the next offset). Pausing is per partition, as the watermark is: the partition holding
-        it back is never paused, or nothing could be released. A paused partition is not idle."""
+        it back is never paused, or nothing could be released. A paused partition is not idle.
+        During a replay every partition already read again is paused: nothing is released
+        meanwhile, so what they hold would only pile up."""
         cap, now = self.job.worker.max_batch_records, now_ms()
         low = self.clock.low_newest(now)
-        want = {(i, p) for i, b in enumerate(self.pending) if len(b) >= cap and low is not None
-                for p in np.flatnonzero(self.clock.newest[i] > low).tolist()}
+        if self.replaying:
+            want = {(i, p) for i, parts in enumerate(self.source_partitions) for p in range(len(parts))
+                    if (i, p) not in self.replaying}
+        else:
+            want = {(i, p) for i, b in enumerate(self.pending) if len(b) >= cap and low is not None
+                    for p in np.flatnonzero(self.clock.newest[i] > low).tolist()}
         for i, p in want ^ self.paused:
             (self.sources.pause if (i, p) in want else self.sources.resume)([self.source_partitions[i][p]])
         for i, p in want:
@@ -162,7 +178,13 @@ class RingHead:
         """Records to take this tick (0: none): what keeps the held tuples near
         worker.max_batch_records. Past it, one record at a time and only while fewer than that
         many could be released (the stream holding the watermark back must move). Until a
-        decode has shown how many tuples a record holds, one record."""
+        decode has shown how many tuples a record holds, one record. During a replay, the
+        records still to read again, at most worker.max_batch_records a tick (only the
+        partitions being replayed deliver)."""
+        if self.replaying:
+            left = sum(int(self.replay_below[i][p]) - self.offsets.get((self.job.input_topics[i], p), 0)
+                       for i, p in self.replaying)
+            return max(1, min(left, self.job.worker.max_batch_records))
         if self.tuples_per_record is None:
             return 1
         cap = self.job.worker.max_batch_records
@@ -181,8 +203,11 @@ class RingHead:
         if m.error() is not None:
             metrics.BROKER_ERRORS.labels(m.error().name()).inc()
             return
-        self.buffers.setdefault(self.topic_stream[m.topic()], RecordBuffer()).add(m, m.partition())
+        stream = self.topic_stream[m.topic()]
+        self.buffers.setdefault(stream, RecordBuffer()).add(m, m.partition())
         self.offsets[(m.topic(), m.partition())] = m.offset() + 1
+        if self.replaying and m.offset() + 1 >= self.replay_below[stream][m.partition()]:
+            self.replaying.discard((stream, m.partition()))
 
     def _record_offsets(self, stream: int, block: Block) -> np.ndarray:
         """The Kafka offset of the record each tuple of `block` came in (a block record's tuples
@@ -266,7 +291,8 @@ class RingHead:
 
     # ----------------------------------------------------------- recovery
     def state(self) -> dict:
-        """The head's state after the round just released (JSON-able; see the module docstring)."""
+        """The head's state after the round just released (JSON-able; see the module docstring).
+        Never taken during a replay: `offsets` then lag behind what was read before the rollback."""
         read = {f"{t}:{p}": o for (t, p), o in self.offsets.items()}
         resume = dict(read)
         for i, block in enumerate(self.pending):
@@ -293,9 +319,13 @@ class RingHead:
         self._restore(state if state is not None else self._initial_state())
         self.redrive = Redrive(rounds)
         self.recovering_since = time.monotonic() if rounds else None
-        self.last_checkpoint = time.monotonic()
+        # The next checkpoint is due checkpoint_ms after the one rolled back to, not after the
+        # rollback: restarts closer together than that would otherwise keep postponing it, and
+        # each rollback would re-drive every round since the ring started.
+        since_ms = checkpoint.wall_ms if checkpoint else rounds[0].probe.info.released_ms if rounds else now_ms()
+        self.last_checkpoint = time.monotonic() - max(0, now_ms() - since_ms) / 1000
         log.info("ring head rolled back", worker=self.w.id, epoch=self.w.epoch, redrive=len(rounds),
-                 next_round=self.planner.next_round)
+                 next_round=self.planner.next_round, replaying=len(self.replaying))
 
     def _initial_state(self) -> dict:
         """The state before any round: what a rollback with nothing logged returns to (tuples
@@ -314,18 +344,21 @@ class RingHead:
         for i, newest in enumerate(state["newest"]):
             self.clock.newest[i][:] = np.asarray(newest, np.int64)
         self.clock.hold(now_ms())
-        self.offsets = {}
         for replay in self.replay_below:
             replay[:] = 0
         for key, o in state["read"].items():
-            topic, _, p = key.rpartition(":")
-            self.offsets[(topic, int(p))] = int(o)
-            self.replay_below[self.topic_stream[topic]][int(p)] = int(o)
-        resume = state["resume"]
-        self.sources.assign([TopicPartition(tp.topic, tp.partition, int(resume.get(f"{tp.topic}:{tp.partition}",
-                                                                                   OFFSET_BEGINNING)))
-                             for parts in self.source_partitions for tp in parts])
+            topic, p = _partition_of(key)
+            self.replay_below[self.topic_stream[topic]][p] = int(o)
+        # Reading starts again at `resume`: offsets are where it is, replay_below where it was.
+        resume = {_partition_of(key): int(o) for key, o in state["resume"].items()}
+        self.offsets = dict(resume)
+        assigned = [tp for parts in self.source_partitions for tp in parts]
+        self.sources.assign([TopicPartition(tp.topic, tp.partition,
+                                            resume.get((tp.topic, tp.partition), OFFSET_BEGINNING)) for tp in assigned])
+        self.sources.resume(assigned)  # a pause outlives assign(): partitions paused before would stay silent
         self.paused = set()
+        self.replaying = {(i, p) for i, parts in enumerate(self.source_partitions) for p, tp in enumerate(parts)
+                          if self.offsets.get((tp.topic, tp.partition), 0) < self.replay_below[i][p]}
 
     def _redrive(self) -> bool:
         """Release the logged rounds again, each once the rounds below its done_below are back.
@@ -401,6 +434,12 @@ def ensure_hop_topic(job: JobSettings, cluster: kafka.Cluster, node: str) -> Non
 def now_ms() -> int:
     """The wall clock in ms (rounds' release times, the clock's idleness)."""
     return int(time.time() * 1000)
+
+
+def _partition_of(key: str) -> tuple[str, int]:
+    """A HeadState offsets key `<topic>:<partition>` as (topic, partition)."""
+    topic, _, p = key.rpartition(":")
+    return topic, int(p)
 
 
 def _empty(block: Block) -> Block:
