@@ -9,7 +9,15 @@ format with the query's projection, schemas/result_codec.py).
 
 Exactly once: each cycle's sink records and the router's consumer offsets go
 in one Kafka transaction, so a restarted router resumes where the last
-committed cycle ended. A switch between versions is exact because the two
+committed cycle ended. The same transaction marks, per sink partition it
+wrote, where the cycle's records end (an offset of the router's group on the
+sink partition itself). A router that died inside a cycle (a crash, a commit
+that failed, the service stopping on its loop's error) left that cycle's sink
+records behind, and a broker may show them (Tansu shows aborted transactions
+to read_committed readers, docs/broker.md): so a restarted router first reads
+each sink past its mark (`recover`) and does not write again, once each, the
+results it finds there. On a broker that hides aborted records it finds none
+and writes them again. A switch between versions is exact because the two
 segments of a query meet at one barrier: the old version serves T < B, the new
 one T >= B, and result ids (engine/result_ids.py) depend only on the inputs, so
 both versions would give a shared result the same id.
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,13 +42,13 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
 
 from streamjoin.engine.block import Block
-from streamjoin.engine.result_ids import EVENT_TIME, RESULT_ID_HI
+from streamjoin.engine.result_ids import EVENT_TIME, RESULT_ID_HI, RESULT_ID_LO
 from streamjoin.engine.window_join import NO_TIME
 from streamjoin.schemas.query import Query
 from streamjoin.schemas.result_codec import ResultLayout, StreamLayout, decode_results, result_layout
 from streamjoin.schemas.results import BatchCommit, decode_commit
 from streamjoin.services import kafka
-from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter
+from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter, flush
 from streamjoin.settings import JobSettings
 from streamjoin.topology.reuse.compensation import Compensation, compensation_mask
 
@@ -120,6 +129,9 @@ class Router:
         self.assigned: set[str] = set()
         self.version_of: dict[str, str] = {}  # results or commits topic -> the version writing it
         self.routed = 0  # results written to sinks since start
+        # sink topic -> ids of the results a dead incarnation's unfinished cycle left there (recover),
+        # each not written again as many times as it was found
+        self.left: dict[str, Counter[tuple[int, int]]] = {}
 
     # ------------------------------------------------------------ the table
     def add_version(self, job: JobSettings) -> None:
@@ -141,7 +153,37 @@ class Router:
 
     # ------------------------------------------------------------ the loop
     def start(self) -> None:
+        """Fence an older router (its open transaction ends: aborted, or on Tansu shown)."""
         kafka.init_transactions(self.producer, log, router=self.group)
+
+    def recover(self) -> int:
+        """Read what a dead incarnation left on the sinks of the queries targeted so far (call it
+        once, after `start` and after the restored queries' `set_target`): every result past the
+        last committed cycle's mark on each sink partition (from the start where none is marked).
+        Those results came of inputs past the router's committed offsets, which this router
+        reads and routes again: each is skipped once then. Returns how many were found."""
+        sinks = {t.sink.topic: t.sink.partitions for t in self.targets.values()}
+        if not sinks:
+            return 0
+        wanted = [TopicPartition(topic, p) for topic, n in sorted(sinks.items()) for p in range(n)]
+        marks = {(tp.topic, tp.partition): max(tp.offset, 0) for tp in self.consumer.committed(wanted, timeout=30)}
+        ends = kafka.end_offsets(self.cluster, list(marks), f"{self.group}-recovery")
+        found = 0
+        for topic in sinks:
+            starts = {p: mark for (t, p), mark in marks.items() if t == topic and ends[(t, p)] > mark}
+            if not starts:
+                continue
+            records = kafka.read_partitions(self.cluster, topic, starts, f"{self.group}-recovery",
+                                            ends={p: ends[(topic, p)] for p in starts})
+            # Keys are the results' 32-hex ids (sink_layout); a short tail, read once at start.
+            ids = Counter((int(k[:16], 16), int(k[16:32], 16)) for k in (m.key() for m in records)
+                          if k is not None and len(k) == 32)
+            if ids:
+                self.left[topic] = ids
+                found += sum(ids.values())
+        if found:
+            log.warning("sink results of an unfinished cycle found", results=found, sinks=len(self.left))
+        return found
 
     def run(self, stop: threading.Event) -> None:
         """Cycle until `stop` is set."""
@@ -204,15 +246,39 @@ class Router:
         for query, (lo, hi) in route.segments.items():
             mask = compensation_mask(columns, self.targets[query].compensation, lo, hi)
             if mask.any():
-                results = Block({k: v[mask] for k, v in columns.items()})
-                partitions = results[RESULT_ID_HI] % np.uint64(self.targets[query].sink.partitions)
-                written += self.writers[query].write(results, partitions.astype(np.int32))
+                sink = self.targets[query].sink
+                results = self._not_left(sink.topic, Block({k: v[mask] for k, v in columns.items()}))
+                partitions = results[RESULT_ID_HI] % np.uint64(sink.partitions)
+                written += self.writers[query].write(results, partitions.astype(np.int32)) if len(results) else 0
         return written
 
+    def _not_left(self, topic: str, results: Block) -> Block:
+        """`results` less those an unfinished cycle left on sink `topic` (recover), each skipped as
+        many times as it was found there."""
+        left = self.left.get(topic)
+        if not left:
+            return results
+        hi, lo = results[RESULT_ID_HI], results[RESULT_ID_LO]
+        his = np.fromiter((h for h, _ in left), np.uint64, len(left))
+        keep = np.ones(len(results), bool)
+        for i in np.flatnonzero(np.isin(hi, his)).tolist():  # only the few found, and only after a restart
+            key = (int(hi[i]), int(lo[i]))
+            if left[key] > 0:
+                keep[i] = False
+                left[key] -= 1
+                if not left[key]:
+                    del left[key]
+        if not left:
+            del self.left[topic]
+        return results if keep.all() else results.filter(keep)
+
     def _commit(self) -> None:
-        self.deliveries.check()  # a report already in: fail before committing
+        # Every sink record delivered (a failed one fails here), so the reports give where this
+        # cycle's records end on each sink partition: those marks commit with the input offsets.
+        flush(self.producer, self.deliveries)
+        marks = [TopicPartition(topic, p, last + 1) for (topic, p), last in self.deliveries.newest.items()]
         positions = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
-        self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(), 30)
+        self.producer.send_offsets_to_transaction(positions + marks, self.consumer.consumer_group_metadata(), 30)
         self.producer.commit_transaction(60)
 
     def _retire(self) -> None:

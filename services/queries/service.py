@@ -82,11 +82,13 @@ class ReuseService:
 
     # ------------------------------------------------------------------ life
     def open(self) -> None:
-        """Create the registry topic, fence an older router, and carry on from the registry."""
+        """Create the registry topic, fence an older router, carry on from the registry, and take
+        in the sink results a router that died mid-cycle left behind (Router.recover)."""
         sinks = []
         topics.create_missing(self.cluster.admin(), topics.queries_plan(self.settings, sinks))
         self.router.start()
         self._restore()
+        self.router.recover()
 
     def run(self, stop: threading.Event) -> None:
         """The background loop: route, sample the sources, end expired queries."""
@@ -315,6 +317,7 @@ class ReuseService:
                                         registered_ms=data["registered_ms"], start_ms=data["start_ms"],
                                         end_ms=data["end_ms"])
             self.records[registration.id] = QueryRecord(registration, data["operator"], data["decision"])
+        self._settle(versions)
         newest: dict[str, VersionRecord] = {}
         for record in versions.values():
             if record.version > getattr(newest.get(record.operator), "version", 0):
@@ -334,3 +337,24 @@ class ReuseService:
             self.router.set_target(query_id, self._target(self.records[query_id].registration))
         if self.records:
             log.info("registry restored", queries=len(self.records), versions=len(self.versions))
+
+    def _settle(self, versions: dict[str, VersionRecord]) -> None:
+        """Finish in the registry a change a dead service wrote part of. A switch writes the new
+        version, then the old one closed at the barrier B, then the registered query: a service
+        that died in between left the old version serving its queries past B beside the new one
+        (each result twice), or a version serving a query without a record (no sink to route it
+        to). Here an older version of an operator ends each query where a newer one starts it
+        (at B, as the switch meant), a segment of a query without a record goes (its
+        registration never finished), and a version left serving nothing retires."""
+        live = [v for v in versions.values() if not v.retired]
+        for record in live:
+            segments = {q: seg for q, seg in record.segments.items() if q in self.records}
+            for query, (lo, hi) in segments.items():
+                taken = [v.segments[query][0] for v in live if v.operator == record.operator
+                         and v.version > record.version and query in v.segments]
+                if taken and (hi is None or hi > min(taken)):
+                    segments[query] = (lo, min(taken))
+            if segments != record.segments:
+                log.warning("registry settled", version=record.job, was=record.segments, now=segments)
+                record.segments, record.retired = segments, not segments
+                self.registry.put_version(record)

@@ -179,6 +179,11 @@ def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: di
             for tp in c.position([TopicPartition(t, p) for t, p in remaining]):
                 if tp.offset >= wanted[(tp.topic, tp.partition)]:
                     remaining.discard((tp.topic, tp.partition))
+        # The live batch's boundary may lie past a commit marker after its last record (its
+        # positions were the consumer's: RecordBuffer.advance); every record before it is read here,
+        # so the replayed batch ends where the recorded one did, not one short of the marker.
+        for buf in buffers.values():
+            buf.advance(wanted)
         return buffers
     finally:
         c.close()

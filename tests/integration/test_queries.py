@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,15 +33,17 @@ from streamjoin.schemas import cql
 from streamjoin.schemas.result_codec import decode_results
 from streamjoin.services import broker as embedded
 from streamjoin.services import kafka
-from streamjoin.services.queries.api import create_app
+from streamjoin.services.queries.api import RegisterRequest, create_app
 from streamjoin.services.queries.registry import Registry
-from streamjoin.services.queries.router import sink_layout
+from streamjoin.services.queries.router import Router, sink_layout
 from streamjoin.services.queries.service import ReuseService
 from streamjoin.services.worker.intake import H_ORIGIN_PARTITION
+from streamjoin.services.worker.output import flush
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
 from tests.integration.kafka_harness import dead_letters, read_all
 from tests.unit.queries_api_fuzz import fuzz_app
+from tests.unit.result_writer import Result, encode
 from tests.profiles import examples
 
 pytestmark = pytest.mark.integration
@@ -398,7 +401,8 @@ class TopicsOnly:
 def test_the_real_service_answers_its_openapi_fuzz_without_a_server_error(tmp_path: Path) -> None:
     """schemathesis against the ReuseService itself (the unit tests fuzz a fake): valid
     queries (the `cql` format, drawn like the integration test's) and hostile text alike, on
-    a real broker; every answer is documented and none is a 500."""
+    a real broker; every answer is documented and none is a 500. Then, on the same service
+    and broker, a router dies inside a cycle and the next service writes each result once."""
     schemathesis.openapi.format("cql", st.builds(random_query, st.randoms(use_true_random=False)) | st.text())
     with embedded.start(log_path=tmp_path / "broker.log") as broker:
         job = catalog_job(broker.bootstrap, tmp_path, embedded.free_port())
@@ -409,6 +413,62 @@ def test_the_real_service_answers_its_openapi_fuzz_without_a_server_error(tmp_pa
         service.open()
         statuses = fuzz_app(create_app(service), max_examples=examples(25))
         registered = service.queries()
+        left, sink = _router_dies_mid_cycle(job, cluster, service)
     posted = {status for (label, status) in statuses if label == "POST /queries"}
     assert {201, 422} <= posted, statuses  # real plans were made, and bad queries refused
     assert deployer.started and len(registered) == statuses[("POST /queries", 201)]
+    assert left >= 12, "the dead cycle's sink records were visible (Tansu) and taken in"
+    assert sink == Counter({key: 1 for key in sink}) and len(sink) == 22, sink
+
+
+def _router_dies_mid_cycle(job: JobSettings, cluster: kafka.Cluster, service: ReuseService) -> tuple[int, Counter]:
+    """A query served from an operator version whose results are written here by hand; the
+    service's router routes 10 and commits, then dies inside the cycle that routes 12 more (its
+    sink records written, its transaction open); a new service over the same registry takes
+    over. Returns the sink results the new one found left behind and the sink's records per
+    key (result id)."""
+    view = service.register(RegisterRequest(sql=(
+        "SELECT f.num, c.status FROM flights AS f [RANGE 2 SECONDS], checkins AS c [RANGE 5 SECONDS] "
+        "WHERE f.num = c.flight"), sink="sink-router-death", region="east"))
+    record = next(v for v in service.versions.values() if view["id"] in v.segments)
+    version = service._version_job(record)
+    start = record.segments[view["id"]][0]
+    producer = Producer({"bootstrap.servers": cluster.bootstrap})
+
+    def write(first: int, n: int) -> None:
+        refs = [(version.topic_of(s), s.name) for s in version.streams]
+        results = [Result(tuple((topic, i % 2, 1_000_000 + i) for topic, _ in refs), start + i, 0,
+                          {name: {"num": "F1", "flight": "F1", "status": "open", "ts": start + i} for _, name in refs})
+                   for i in range(first, first + n)]
+        for value in encode(version, results):
+            producer.produce(version.results_topic, value, partition=0)
+        assert producer.flush(30) == 0
+
+    def cycle_until(router: Router, routed: int) -> None:
+        deadline = time.monotonic() + 60
+        while router.routed < routed:
+            assert time.monotonic() < deadline, f"routed {router.routed} of {routed}"
+            router.cycle()
+
+    write(0, 10)
+    cycle_until(service.router, 10)
+    write(10, 12)
+
+    def dies(router: Router = service.router) -> None:
+        flush(router.producer, router.deliveries)  # its sink records are on the broker...
+        raise SystemExit("...and the process dies before the commit")
+    service.router._commit = dies  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        cycle_until(service.router, 22)
+    taking_over = ReuseService(job, cluster, TopicsOnly(cluster.bootstrap))
+    taking_over.open()  # fences the dead router: Tansu shows its open transaction's records
+    left = sum(n for ids in taking_over.router.left.values() for n in ids.values())
+    results = TopicPartition(version.results_topic, 0)
+    end = kafka.end_offsets(cluster, [(results.topic, 0)], "check-router-death")[(results.topic, 0)]
+    deadline = time.monotonic() + 60
+    while taking_over.router.consumer.position([results])[0].offset < end:  # until it has read them all
+        assert time.monotonic() < deadline, "the new router did not read the version's results"
+        taking_over.router.cycle()
+    sink = Counter(m.key() for p in range(job.queries.operator_partitions)
+                   for m in kafka.read_partition(cluster, view["sink"], p, 0, "check-router-death"))
+    return left, sink

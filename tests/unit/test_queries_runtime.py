@@ -16,6 +16,7 @@ import pytest
 from streamjoin.engine.block import system_block
 from streamjoin.engine.window_join import NO_TIME
 from streamjoin.schemas.query import Column, Selection
+from streamjoin.services import kafka
 from streamjoin.services.queries.deploy import version_job
 from streamjoin.services.queries.registry import VersionRecord, version_from_json, version_to_json
 from streamjoin.services.queries.service import ReuseService
@@ -138,3 +139,48 @@ def test_a_failed_service_loop_stops_the_process(monkeypatch: pytest.MonkeyPatch
     stop, failed = threading.Event(), threading.Event()
     main.run_loop(Failing(), stop, failed)  # type: ignore[arg-type]
     assert failed.is_set() and sent == [(os.getpid(), signal.SIGTERM)]
+
+
+
+class Deployed:
+    """A deployer that runs nothing and remembers what it was asked to run."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def start(self, job) -> None:  # type: ignore[no-untyped-def]
+        self.started.append(job.job)
+
+
+def test_a_switch_a_dead_service_wrote_in_part_is_finished_on_restore() -> None:
+    """A switch writes the new version, then the old one closed at its barrier, then the query:
+    a service that died after the first write left the old version serving past the barrier
+    beside the new one (every result twice) and a segment of a query that has no record (its
+    router would have no sink for it). Restoring ends the old segments at the new version's
+    start, drops the unknown query's segments, retires a version left serving nothing, and
+    writes what it changed back to the registry."""
+    sql = ("SELECT f.num, c.status FROM flights AS f [RANGE 2 SECONDS], checkins AS c [RANGE 5 SECONDS] "
+           "WHERE f.num = c.flight AND f.carrier IN ('DL')")
+    queries = {q: {"id": q, "sql": sql, "sink": f"sink-{q}", "region": "east", "lifetime_ms": None,
+                   "registered_ms": 0, "start_ms": start, "end_ms": None, "operator": op, "decision": {}}
+               for q, start, op in (("q-1", 100, "op-1"), ("q-2", 300, "op-1"), ("q-4", 800, "op-2"))}
+    old = VersionRecord("qs-op-1-v1", "op-1", 1, operator(), {}, {"q-1": (100, None), "q-2": (300, 900)})
+    new = VersionRecord("qs-op-1-v2", "op-1", 2, operator(), {}, {"q-1": (500, None), "q-2": (500, 900),
+                                                                  "q-3": (500, None)})
+    other = VersionRecord("qs-op-2-v2", "op-2", 2, operator(), {}, {"q-4": (800, None)})  # another operator's
+    alone = VersionRecord("qs-op-3-v1", "op-3", 1, operator(), {}, {"q-3": (500, None)})
+    versions = {v.job: v for v in (old, new, other, alone)}
+    written: list[VersionRecord] = []
+    deployer = Deployed()
+    service = ReuseService(service_job(), kafka.Cluster("127.0.0.1:1"), deployer)  # type: ignore[arg-type]
+    service.registry = SimpleNamespace(load=lambda: (queries, versions), put_version=written.append)
+    service._restore()
+    routes = service.router.routes
+    assert routes["qs-op-1-v1"].segments == {"q-1": (100, 500), "q-2": (300, 500)}
+    assert routes["qs-op-1-v2"].segments == {"q-1": (500, None), "q-2": (500, 900)}
+    assert routes["qs-op-2-v2"].segments == {"q-4": (800, None)}
+    assert alone.retired and sorted(deployer.started) == ["qs-op-1-v1", "qs-op-1-v2", "qs-op-2-v2"]
+    assert [v.job for v in written] == ["qs-op-1-v1", "qs-op-1-v2", "qs-op-3-v1"]
+    written.clear()
+    service._settle(versions)  # a settled registry stays as it is
+    assert not written
