@@ -206,6 +206,20 @@ class Progress:
         self.samples = samples
         return done
 
+    def settle(self, timeout: float) -> bool:
+        """Until a batch without input has run after the last one with input, or `timeout`
+        seconds: Spark runs one when the last data moved the watermark, and outer joins emit
+        the null rows the watermark decided in it (a loaded run's last data batch may hold
+        most of the input, so its null rows come only then)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reports = sorted(self.query.recentProgress, key=lambda p: p.batchId)
+            if reports and reports[-1].numInputRows == 0 and any(p.numInputRows for p in reports):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+
     def wait_for(self, rows: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while self.rows() < rows:
@@ -268,6 +282,8 @@ def run_paced(spark: SparkSession, job: JobSettings, slices: dict[str, Slices], 
                         "overloaded": not drained or overloaded(stats)})
             if not drained:
                 break
+        if how != "inner":
+            progress.settle(catch_up_s)
     finally:
         query.stop()
     return out
