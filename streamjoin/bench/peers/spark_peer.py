@@ -188,6 +188,11 @@ def start_join(spark: SparkSession, job: JobSettings, dirs: dict[str, Path], sch
     return joined.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start()
 
 
+# Spark runs its batch without input right after the last data batch when the watermark moved;
+# if none comes in this long, none is coming (the watermark did not move).
+SETTLE_S = 20.0
+
+
 class Progress:
     """Input rows Spark has processed, from the query's progress reports."""
 
@@ -283,7 +288,7 @@ def run_paced(spark: SparkSession, job: JobSettings, slices: dict[str, Slices], 
             if not drained:
                 break
         if how != "inner":
-            progress.settle(catch_up_s)
+            progress.settle(SETTLE_S)
     finally:
         query.stop()
     return out
