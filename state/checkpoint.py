@@ -34,6 +34,10 @@ class GroupCheckpoint(BaseModel):
     progress: dict[str, dict[int, int]] = {}
     idle_sources: dict[str, list[int]] = {}
     told_idle: list[str] = []
+    # join.idle_timeout_ms: per stream, the wall-clock ms of the last batch that read a record of
+    # it (NO_TIME: none yet), so that a restarted worker or a group's new owner counts the
+    # stream's silence from there rather than from its own start.
+    heard_ms: list[int] = []
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

@@ -249,6 +249,9 @@ class GroupSlice:
     duplicates: int  # forwarded records seen again (a retried forward) and skipped
     read: dict[int, int] = field(default_factory=dict)  # repartition_watermarks: source partition -> newest read
     notes: list[Told] = field(default_factory=list)  # progress notes read, in order
+    # A record was read in the group's own input (with join.repartition_watermarks, not one
+    # re-routed to it): the stream is not silent for the group (join.idle_timeout_ms).
+    heard: bool = False
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,8 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
             else:
                 dead += _misrouted_dead(spec, stream_index, buf, block.filter(wrong), record[wrong], routing)
             block, groups, rerouted = block.filter(~wrong), groups[~wrong], rerouted[~wrong]
-    return _split(buf, block, groups, dead, forwards, marks, ~fresh, read)
+    own = buf.groups[~buf.rerouted] if job.join.repartition_watermarks else buf.groups
+    return _split(buf, block, groups, dead, forwards, marks, ~fresh, read, set(np.unique(own).tolist()))
 
 
 def source_filter(spec: StreamSpec, block: Block) -> np.ndarray:
@@ -436,9 +440,11 @@ def _dead_misrouted(stream: int, buf: RecordBuffer, i: int, value: bytes | None,
 
 
 def _split(buf: RecordBuffer, block: Block, groups: np.ndarray, dead: list[DeadRecord], forwards: list[Forward],
-           marks: dict[int, dict[int, int]], copies: np.ndarray, read: Newest) -> dict[int, GroupSlice]:
+           marks: dict[int, dict[int, int]], copies: np.ndarray, read: Newest,
+           heard: set[int]) -> dict[int, GroupSlice]:
     """Per group read in this buffer: its tuples, dead letters, forwards and input positions.
-    A group's positions cover every record read for it, whether or not it became a tuple."""
+    A group's positions cover every record read for it, whether or not it became a tuple;
+    `heard`: the groups with a record read in their own input."""
     dead_of: dict[int, list[DeadRecord]] = {}
     for d in dead:
         dead_of.setdefault(d.group, []).append(d)
@@ -454,7 +460,7 @@ def _split(buf: RecordBuffer, block: Block, groups: np.ndarray, dead: list[DeadR
         mine = order[lo:hi]
         duplicates = int(np.count_nonzero(copied == g)) if len(copied) else 0
         out[g] = GroupSlice(block.take(mine), dead_of.get(g, []), forwards_of.get(g, []), end, marks.get(g, {}),
-                            duplicates, read.get(g, {}), [n for h, n in buf.notes if h == g])
+                            duplicates, read.get(g, {}), [n for h, n in buf.notes if h == g], g in heard)
     return out
 
 

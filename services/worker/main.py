@@ -18,7 +18,7 @@ import numpy as np
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 
-from streamjoin.engine.window_join import template
+from streamjoin.engine.window_join import NO_TIME, template
 from streamjoin.schemas import control
 from streamjoin.services import collector, faults, kafka, metrics
 from streamjoin.services.shutdown import Stopped, StopFlag
@@ -224,7 +224,7 @@ class Worker:
             self.consumer.incremental_assign(assigned)
             self.committed.update({(tp.topic, tp.partition): tp.offset for tp in assigned if tp.offset >= 0})
             now_ms = int(time.time() * 1000)
-            self.heard.update({g: np.full(len(self.job.streams), now_ms, np.int64) for g in added})
+            self._restore_idle_clocks(added, now_ms)
             self.listened_ms = max(self.listened_ms, now_ms)
             self._keep_budget()
         self.groups = wanted
@@ -383,10 +383,17 @@ class Worker:
 
     def _unread(self, partitions: set[tuple[str, int]]) -> set[tuple[str, int]]:
         """The partitions among `partitions` with records past the consumer's position; a
-        partition whose position or end is unknown yet counts as unread unless it is empty."""
-        return {(tp.topic, tp.partition) for tp, high in self._positions_and_ends(
-                    [TopicPartition(t, p) for t, p in sorted(partitions)])
-                if high < 0 or (tp.offset < 0 and high > 0) or 0 <= tp.offset < high}
+        partition whose position or end is unknown yet counts as unread unless it is empty.
+
+        The consumer knows a position only once it has handed out a record of the partition:
+        until then (a partition assigned at its end by a restart or a move, with nothing
+        written since) the position is where it was assigned, the offset committed for it."""
+        unread = set()
+        for tp, high in self._positions_and_ends([TopicPartition(t, p) for t, p in sorted(partitions)]):
+            at = tp.offset if tp.offset >= 0 else self.committed.get((tp.topic, tp.partition), -1)
+            if high < 0 or (at < 0 and high > 0) or 0 <= at < high:
+                unread.add((tp.topic, tp.partition))
+        return unread
 
     def _positions_and_ends(self, partitions: list[TopicPartition]) -> list[tuple[TopicPartition, int]]:
         """Each partition at the consumer's position, with its end as the consumer's fetches last
@@ -411,6 +418,27 @@ class Worker:
     def _pushed(self, size: int, reason: str) -> None:
         metrics.PUSHES.labels(reason).inc()
         metrics.PUSHED_BYTES.inc(size)
+
+    def _restore_idle_clocks(self, groups: set[int], now_ms: int) -> None:
+        """join.idle_timeout_ms: each new group's streams silent since the last batch that read
+        a record of them (its checkpoint's clocks, recorded by whichever worker owned it), so a
+        restart or a move does not make a silent stream wait a whole timeout again; a stream no
+        batch has heard from yet counts from `now_ms`. Silence is still nothing left to read
+        (`_idle`): a stream with records past the consumer's position is not idle, however old
+        its clock."""
+        streams = len(self.job.streams)
+        restored = {}
+        for g in groups:
+            clock = np.full(streams, now_ms, np.int64)
+            recorded = np.asarray((self.store.get(g).checkpoint.heard_ms + [NO_TIME] * streams)[:streams], np.int64)
+            known = recorded > NO_TIME
+            clock[known] = np.minimum(recorded[known], now_ms)
+            self.heard[g] = clock
+            if known.any():
+                restored[g] = int(now_ms - clock.min())
+        if restored and self.job.join.idle_timeout_ms:
+            log.info("idle clocks restored", worker=self.worker_id, groups=len(restored),
+                     longest_silence_ms=max(restored.values()))
 
     def _idle(self, now_ms: int) -> tuple[dict[int, frozenset[int]], list[int]]:
         """join.idle_timeout_ms: per owned group, its streams with no record for that long and

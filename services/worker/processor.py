@@ -134,15 +134,28 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
     end = state.checkpoint.end
     for sl in slices.values():
         end = merge_positions(end, sl.end)
+    clocks = {"heard_ms": _heard(state.checkpoint.heard_ms, len(job.streams), slices, now_ms)} \
+        if job.join.idle_timeout_ms else {}
     routed = dict(state.checkpoint.routed) | {job.streams[i].name: sl.routed for i, sl in slices.items() if sl.routed}
     state.checkpoint = state.checkpoint.model_copy(update={
         "seq": seq, "end": end, "routed": routed, "max_ts": list(state.window.max_ts),
-        "watermark": state.window.watermark, **(progress.checkpoint if progress else {}),
+        "watermark": state.window.watermark, **(progress.checkpoint if progress else {}), **clocks,
     })
     return GroupBatch(group, seq, results, dead, [f for sl in slices.values() for f in sl.forwards], end,
                       state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()),
                       now_ms, cleanup[1] if cleanup else None, marks=outcome.marks, unmatched=outcome.unmatched,
                       notes=progress.notes if progress else [])
+
+
+def _heard(before: list[int], streams: int, slices: dict[int, GroupSlice], now_ms: int) -> list[int]:
+    """The checkpoint's idle clocks after a batch at `now_ms` that read `slices`: each stream
+    the batch heard from at `now_ms`, the others as they were. From the batch's own `now_ms`,
+    so a replayed batch records what the original did."""
+    heard = (list(before) + [NO_TIME] * streams)[:streams]
+    for i, sl in slices.items():
+        if sl.heard:
+            heard[i] = now_ms
+    return heard
 
 
 def _progress(job: JobSettings, routings: Sequence[Routing], state: GroupState, group: int,

@@ -35,7 +35,7 @@ from streamjoin.engine.psp.recovery import Redrive, slice_ranges
 from streamjoin.engine.watermark import NO_TIME, InputClock
 from streamjoin.schemas import ring as wire, ring_epochs
 from streamjoin.schemas.codecs import BLOCK_SHIFT
-from streamjoin.schemas.results import dead_letter_headers
+from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_TOPIC, dead_letter_headers, decode_headers
 from streamjoin.schemas.ring_epochs import LogMark, RingCheckpoint
 from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
@@ -79,6 +79,12 @@ class RingHead:
         # (their tuples were released, dead-lettered, or are pending again): none is dead-lettered twice.
         self.replay_below = [np.zeros(len(parts), np.int64) for parts in self.source_partitions]
         self.replaying: set[tuple[int, int]] = set()  # (stream, partition) not read again up to replay_below yet
+        # Per dead-letter partition, an offset below every dead letter written after the last
+        # state logged (from delivery reports), and the records a replay finds dead-lettered
+        # there already (source topic, partition, offset): after a rollback, records read since
+        # the last logged round are decided again, and none may be dead-lettered twice.
+        self.dead_low: dict[int, int] = {}
+        self.dead_written: set[tuple[str, int, int]] = set()
         self.loaded: set[int] = set()  # rounds in flight that carry tuples
         self.last_release = 0.0
         self.paused: set[tuple[int, int]] = set()  # (stream, partition) whose intake waits for the rounds
@@ -245,6 +251,8 @@ class RingHead:
     def _dead_letters(self, dead: list[DeadRecord]) -> None:
         for d in dead:
             topic = self.job.topic_of(self.job.streams[d.stream])
+            if (topic, d.partition, d.offset) in self.dead_written:
+                continue  # dead-lettered before the rollback
             self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
                                partition=d.partition % self.job.partitions,
                                headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1),
@@ -301,9 +309,12 @@ class RingHead:
                 for p in np.unique(block[PART]).tolist():
                     key = f"{self.job.input_topics[i]}:{p}"
                     resume[key] = int(offsets[block[PART] == p].min())
+        for (t, p), o in self.w.deliveries.newest.items():
+            if t == self.job.dead_letter_topic:
+                self.dead_low[p] = max(self.dead_low.get(p, 0), o + 1)
         return {"sequencer": self.sequencer.state(), "planner": self.planner.state(),
                 "watermark": int(self.clock.watermark), "newest": [n.tolist() for n in self.clock.newest],
-                "read": read, "resume": resume}
+                "read": read, "resume": resume, "dead_low": {str(p): o for p, o in self.dead_low.items()}}
 
     def recover(self, checkpoint: RingCheckpoint | None) -> None:
         """Roll back to `checkpoint` (None: the ring's start): the head's state after the last
@@ -359,6 +370,22 @@ class RingHead:
         self.paused = set()
         self.replaying = {(i, p) for i, parts in enumerate(self.source_partitions) for p, tp in enumerate(parts)
                           if self.offsets.get((tp.topic, tp.partition), 0) < self.replay_below[i][p]}
+        self.dead_low = {int(p): int(o) for p, o in state.get("dead_low", {}).items()}
+        self.dead_written = self._dead_letters_since(self.dead_low)
+
+    def _dead_letters_since(self, low: dict[int, int]) -> set[tuple[str, int, int]]:
+        """The input records dead-lettered at or past `low` (per dead-letter partition; absent:
+        from its start), as (source topic, partition, offset). The caller flushed this node's
+        producer, so its own dead letters are all there."""
+        found = kafka.read_partitions(self.w.cluster, self.job.dead_letter_topic,
+                                      {p: low.get(p, 0) for p in range(self.job.partitions)},
+                                      f"{self.job.consumer_group}-{self.w.id}-dead-letters")
+        refs = set()
+        for m in found:
+            h = decode_headers(m.headers())
+            if H_TOPIC in h and H_PARTITION in h and H_OFFSET in h:
+                refs.add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
+        return refs
 
     def _redrive(self) -> bool:
         """Release the logged rounds again, each once the rounds below its done_below are back.

@@ -1,27 +1,25 @@
-"""The nemesis: a job under a random fault schedule drawn from a seed, fed live with good,
-far-late and malformed records, checked exactly against the reference.
+"""The nemesis: a job of any mode under a random fault schedule drawn from a seed, fed live
+with good, far-late and malformed records, checked exactly against the reference.
 
-A schedule is a list of faults at offsets into the run, drawn by `schedule(seed, ...)`:
-
-* `kill`: SIGKILL a worker; it comes back under its own id after `hold_s` (a StatefulSet pod);
-* `replace`: SIGKILL a worker for good; a worker with a new id starts after `hold_s`;
-* `pause`: SIGSTOP a worker for `hold_s`, longer than the heartbeat timeout, then SIGCONT
-  (its groups fail over; the zombie is fenced and restarts);
-* `coordinator`: SIGKILL the coordinator; it comes back after `hold_s`;
-* `broker`: SIGSTOP the broker for `hold_s`, then SIGCONT (every client sees it vanish);
-* `move`: a live move of a random group to a random worker (`streamjoin move`), which may
-  meet any of the above.
+This module owns what every mode shares: the schedule, the live feeder, the fault loop and
+the process faults, the dead-letter check, the long form and its table. Each mode's job,
+faults and check live in a module of its own (MODES): nemesis_hash.py (hash mode, inner
+and left joins), nemesis_splitjoin.py (SplitJoin cores and the merger), nemesis_queries.py
+(continuous queries through the query service), nemesis_ring.py (a PSP ring with a
+spare). A schedule is a list of faults at offsets into the run, drawn by
+`schedule(seed, seconds, faults, kinds)` from the mode's own kinds.
 
 The check: results exact against the reference (missing = extra = duplicate = 0), and
 every malformed or far-late record in the dead-letter topic exactly once, with its reason.
-Hash mode (inner and left joins) runs here; the short seeded form is
-tests/integration/test_nemesis.py, the long form `python -m tests.integration.nemesis
---seeds N --minutes M` prints a table of schedules survived per mode.
+The short seeded forms are tests/integration/test_nemesis.py; the long form
+`python -m tests.integration.nemesis --seeds N --minutes M --modes ...` prints a table of
+schedules survived per mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import random
@@ -31,24 +29,29 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
-from streamjoin.launcher import Fleet, wait_drained, write_job
+from confluent_kafka import Producer
+
+from streamjoin.launcher import Fleet
+from streamjoin.schemas.splitjoin import mark_of
 from streamjoin.services import broker as embedded
 from streamjoin.services import kafka
 from streamjoin.settings import JobSettings
-from streamjoin.topology import topics
-from streamjoin.topology.partitioner import key_bytes
-from tests.integration.conftest import make_job
-from tests.integration.fleet_harness import metric
-from tests.integration.kafka_harness import Check, check, read_all
+from tests.integration.kafka_harness import Check, read_all
 
-KINDS = ("kill", "replace", "pause", "coordinator", "broker", "move")
-MODES = {"hash-inner": {"type": "inner"}, "hash-left": {"type": "left"}}
+# Every mode the long form knows: the module whose `run_one(mode, seed, seconds, faults, work, broker)` runs it.
+MODES = {"hash-inner": "tests.integration.nemesis_hash", "hash-left": "tests.integration.nemesis_hash",
+         "splitjoin": "tests.integration.nemesis_splitjoin",
+         "queries": "tests.integration.nemesis_queries", "ring": "tests.integration.nemesis_ring"}
 HEARTBEAT_TIMEOUT_MS, WORKER_TIMEOUT_MS = 2_000, 4_000
 HOUR_MS = 3_600_000
+MALFORMED = b'{"k": 1, "ts":'
 
 
 @dataclass(frozen=True)
@@ -58,71 +61,115 @@ class Fault:
     hold_s: float  # how long the process stays down, paused or replaced-by-nothing
 
 
-def schedule(seed: int, seconds: float, faults: int) -> list[Fault]:
-    """`faults` faults drawn from `seed`, spread over the first 80% of a `seconds`-long run."""
+def schedule(seed: int, seconds: float, faults: int, kinds: tuple[str, ...]) -> list[Fault]:
+    """`faults` faults of `kinds` drawn from `seed`, spread over the first 80% of a `seconds`-long run."""
     rnd = random.Random(seed)
     times = sorted(rnd.uniform(2.0, max(2.5, 0.8 * seconds)) for _ in range(faults))
     out = []
     for at in times:
-        kind = rnd.choice(KINDS)
+        kind = rnd.choice(kinds)
         hold = {"pause": rnd.uniform(WORKER_TIMEOUT_MS / 1000 + 1, WORKER_TIMEOUT_MS / 1000 + 4),
                 "broker": rnd.uniform(1.0, 4.0)}.get(kind, rnd.uniform(0.5, 4.0))
         out.append(Fault(round(at, 2), kind, round(hold, 2)))
     return out
 
 
+# A stream's next record: (rnd, stream index, event time) -> (key, partition or None for the key's, value).
+RowMaker = Callable[[random.Random, int, int], tuple[bytes | None, int | None, dict]]
+
+
 @dataclass
 class Input:
-    """What the feeder wrote: refs of the records that must be dead letters, by reason."""
+    """What the feeder wrote: counts by kind, and the delivery errors."""
 
-    bad: dict[tuple[str, int, int], str] = field(default_factory=dict)
     good: int = 0
+    late: int = 0
+    malformed: int = 0
+    newest_ts: int = 0  # the newest event time of a good record
     errors: list[str] = field(default_factory=list)
 
 
 class Feeder(threading.Thread):
-    """Keyed rows of both streams at `rate` per stream per second, event time the wall clock
-    (less up to 200 ms); from 3 s on, a malformed record and a record an hour behind now and
-    then. Each record's delivery report says where it landed."""
+    """Rows of every stream at `rate` per stream per second, event time the wall clock (`row`
+    may set it back a little); once `armed`, every half second a malformed record and a record
+    an hour behind now. Which records were which is read back from the topics afterwards
+    (`bad_records`): a broker's delivery report may place a batch's records loosely.
 
-    def __init__(self, job: JobSettings, bootstrap: str, rate: int, seed: int) -> None:
+    A record is far-late only once the job's watermark has moved: `arm_after_s` arms the
+    feeder itself that long after it starts (every group has event time by then), None
+    leaves it to the caller (who waits for what shows the watermark moved)."""
+
+    def __init__(self, topics_: list[str], bootstrap: str, rate: int, seed: int, row: RowMaker,
+                 arm_after_s: float | None = 3.0) -> None:
         super().__init__(daemon=True)
-        self.job, self.bootstrap, self.rate, self.rnd = job, bootstrap, rate, random.Random(seed)
-        self.stop, self.input, self.began = threading.Event(), Input(), 0.0
+        self.topics, self.bootstrap, self.rate, self.row = topics_, bootstrap, rate, row
+        self.rnd, self.arm_after_s = random.Random(seed), arm_after_s
+        self.stop, self.armed, self.input = threading.Event(), threading.Event(), Input()
 
-    def _report(self, reason: str | None):  # type: ignore[no-untyped-def]
-        def delivered(err, msg) -> None:  # type: ignore[no-untyped-def]
+    def _report(self, kind: str):  # type: ignore[no-untyped-def]
+        def delivered(err, _msg) -> None:  # type: ignore[no-untyped-def]
             if err is not None:
                 self.input.errors.append(str(err))
-            elif reason is not None:
-                self.input.bad[(msg.topic(), msg.partition(), msg.offset())] = reason
             else:
-                self.input.good += 1
+                setattr(self.input, kind, getattr(self.input, kind) + 1)
         return delivered
+
+    def _produce(self, producer: Producer, i: int, ts: int, kind: str, value: bytes | None = None) -> None:
+        key, partition, doc = self.row(self.rnd, i, ts)
+        if kind == "good":
+            self.input.newest_ts = max(self.input.newest_ts, doc["ts"])
+        extra = {} if partition is None else {"partition": partition}
+        producer.produce(self.topics[i], value if value is not None else json.dumps(doc).encode(), key=key,
+                         on_delivery=self._report(kind), **extra)
 
     def run(self) -> None:
         producer = kafka.Cluster(self.bootstrap).producer(**{"message.timeout.ms": 120_000})
-        streams = [self.job.topic_of(s) for s in self.job.streams]
-        tick, self.began = 0, time.monotonic()  # far-late records only once every group has event time
+        tick, began = 0, time.monotonic()
         while not self.stop.is_set():
             now = int(time.time() * 1000)
             for _ in range(max(1, self.rate // 10)):
-                for topic in streams:
-                    k = self.rnd.randrange(200)
-                    value = json.dumps({"k": k, "ts": now - self.rnd.randint(0, 200), "pad": "x" * 8}).encode()
-                    producer.produce(topic, value, key=key_bytes(k), on_delivery=self._report(None))
-            if time.monotonic() - self.began > 3 and tick % 5 == 0:
-                k = self.rnd.randrange(200)
-                topic = self.rnd.choice(streams)
-                late = json.dumps({"k": k, "ts": now - HOUR_MS, "pad": "late"}).encode()
-                producer.produce(topic, late, key=key_bytes(k), on_delivery=self._report("late"))
-                producer.produce(self.rnd.choice(streams), b'{"k": 1, "ts":', key=key_bytes(k),
-                                 on_delivery=self._report("malformed"))
+                for i in range(len(self.topics)):
+                    self._produce(producer, i, now, "good")
+            if self.arm_after_s is not None and time.monotonic() - began > self.arm_after_s:
+                self.armed.set()
+            if self.armed.is_set() and tick % 5 == 0:
+                self._produce(producer, self.rnd.randrange(len(self.topics)), now - HOUR_MS, "late")
+                self._produce(producer, self.rnd.randrange(len(self.topics)), now, "malformed", MALFORMED)
             producer.poll(0)
             tick += 1
             time.sleep(0.1)
         if producer.flush(120) != 0:
             self.input.errors.append("records still undelivered after 120 s")
+
+    def problems(self, bad: dict[tuple[str, int, int], str]) -> str:
+        """What went wrong writing the input: delivery errors, or bad records read back other
+        than as many as were written (the check would not cover them all)."""
+        found = self.input.errors[:3]
+        kinds = Counter(bad.values())
+        if (kinds["late"], kinds["malformed"]) != (self.input.late, self.input.malformed):
+            found.append(f"bad records read back {dict(kinds)}, written late={self.input.late} "
+                         f"malformed={self.input.malformed}")
+        return "; ".join(found)
+
+
+def bad_records(bootstrap: str, input_topics: list[str], late_below_ms: int) -> dict[tuple[str, int, int], str]:
+    """Every malformed or far-late (event time below `late_below_ms`) record on the inputs, by
+    ref, with the reason it must be dead-lettered for; marks (SplitJoin) are no records."""
+    cluster, bad = kafka.Cluster(bootstrap), {}
+    for topic in input_topics:
+        partitions = len(cluster.admin().list_topics(topic, timeout=10).topics[topic].partitions)
+        for m in read_all(bootstrap, topic, partitions, "nemesis-inputs"):
+            if mark_of(m.headers()) is not None:
+                continue
+            ref = (topic, m.partition(), m.offset())
+            try:
+                doc = json.loads(m.value())
+            except ValueError:
+                bad[ref] = "malformed"
+                continue
+            if doc["ts"] < late_below_ms:
+                bad[ref] = "late"
+    return bad
 
 
 @dataclass
@@ -133,159 +180,193 @@ class Outcome:
     result: Check | None
     dead_letter_ok: bool
     error: str = ""
-    recovered: float = 0.0  # batches replayed and groups restored from the changelog by the live workers
+    recovered: int = 0  # log lines of the services saying they restored or replayed something (recovery_lines)
+    ordered: bool | None = None  # SplitJoin: results in input order
+    bad: int = 0  # malformed and far-late records written
+    job: JobSettings | None = None
+    bootstrap: str = ""
 
     @property
     def survived(self) -> bool:
-        return not self.error and self.result is not None and self.result.exact and self.dead_letter_ok
+        return (not self.error and self.result is not None and self.result.exact and self.dead_letter_ok
+                and self.ordered is not False)
+
+    def row(self) -> dict:
+        """The long form's JSON line for this run."""
+        r = self.result
+        return {"mode": self.mode, "seed": self.seed, "faults": dict(Counter(f.kind for f in self.faults)),
+                "schedule": [(f.at_s, f.kind, f.hold_s) for f in self.faults], "survived": self.survived,
+                "results": r.results if r else None, "expected": r.expected if r else None,
+                "missing": r.missing if r else None, "extra": r.extra if r else None,
+                "duplicates": r.duplicates if r else None, "dead_letters_exact": self.dead_letter_ok,
+                "bad_records": self.bad, "ordered": self.ordered, "recovered": self.recovered,
+                "sample": getattr(r, "sample", None) if r else None, "error": self.error[:2000]}
 
 
 class Nemesis:
-    """Applies a schedule to a running fleet (and its broker) from the calling thread."""
+    """Applies a schedule's faults from the calling thread: `apply` calls the method named
+    after the fault's kind. The process faults every mode shares are here; a mode's own
+    subclass names its victims and adds its own kinds."""
 
-    def __init__(self, fleet: Fleet, broker: embedded.EmbeddedBroker, job: JobSettings, seed: int) -> None:
-        self.fleet, self.broker, self.job = fleet, broker, job
+    def __init__(self, fleet: Fleet | None, broker: embedded.EmbeddedBroker, seed: int) -> None:
+        self.fleet, self.embedded = fleet, broker
         self.rnd, self.next_id = random.Random(seed + 1), 100
 
-    def workers(self) -> list[str]:
-        return sorted(n for n, p in self.fleet.procs.items() if n.startswith("w") and p.poll() is None)
-
     def apply(self, fault: Fault) -> None:
-        workers = self.workers()
-        if fault.kind in ("kill", "replace", "pause") and len(workers) < 2:
-            return  # one worker left: nothing to fail over to
-        victim = self.rnd.choice(workers) if workers else ""
-        if fault.kind == "kill":
-            self.fleet.kill(victim)
-            self._sleep(fault.hold_s)
-            self.fleet.start_worker(victim)
-        elif fault.kind == "replace":
-            self.fleet.kill(victim)
-            self._sleep(fault.hold_s)
-            self.next_id += 1
-            self.fleet.start_worker(f"w{self.next_id}")
-        elif fault.kind == "pause":
-            proc = self.fleet.procs[victim]
-            proc.send_signal(signal.SIGSTOP)
-            self._sleep(fault.hold_s)
-            proc.send_signal(signal.SIGCONT)
-        elif fault.kind == "coordinator":
-            self.fleet.kill("coordinator")
-            self._sleep(fault.hold_s)
-            self.fleet.start_coordinator()
-        elif fault.kind == "broker":
-            os.kill(self.broker.process.pid, signal.SIGSTOP)
-            time.sleep(fault.hold_s)
-            os.kill(self.broker.process.pid, signal.SIGCONT)
-        elif fault.kind == "move" and workers:
-            group = self.rnd.randrange(self.job.partitions)
-            # Asked, not awaited (--wait 0): under faults the coordinator may refuse it or carry it
-            # out late, and the check is what the output holds either way.
-            subprocess.run([sys.executable, "-m", "streamjoin.cli", "move", str(group), "--to", victim, "--wait", "0",
-                            "--job", str(self.fleet.job_file), "--bootstrap", self.fleet.bootstrap],
-                           capture_output=True, timeout=60)
+        getattr(self, fault.kind)(fault)
 
-    def _sleep(self, seconds: float) -> None:
+    def supervise(self) -> None:
+        """Restart what exited on its own (a fenced zombie exits 75: it comes back, as Kubernetes would)."""
+        if self.fleet is not None:
+            self.fleet.supervise()
+
+    def idle(self, seconds: float) -> None:
+        """Wait `seconds`, supervising meanwhile."""
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            self.fleet.supervise()  # a fenced zombie exits 75: it comes back, as Kubernetes would
-            time.sleep(0.2)
+        while True:
+            self.supervise()
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(0.2, left))
 
+    def broker(self, fault: Fault) -> None:
+        os.kill(self.embedded.process.pid, signal.SIGSTOP)
+        time.sleep(fault.hold_s)
+        os.kill(self.embedded.process.pid, signal.SIGCONT)
 
-def run_one(mode: str, seed: int, seconds: float, faults: int, work: Path, rate: int = 100) -> Outcome:
-    """One job of `mode` under schedule(seed, seconds, faults), checked."""
-    plan = schedule(seed, seconds, faults)
-    work.mkdir(parents=True, exist_ok=True)
-    with embedded.start(log_path=work / "broker.log") as broker:
-        job = make_job(broker.bootstrap, work, [{"range_ms": 1000}, {"range_ms": 1000}], workers=3, partitions=8,
-                       join={"allowed_lateness_ms": 2000, **MODES[mode]},
-                       coordinator={"heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
-                                    "worker_timeout_ms": WORKER_TIMEOUT_MS})
-        job = job.model_copy(update={"job": f"nem{seed}"})
-        topics.ensure(kafka.Cluster(broker.bootstrap).admin(), job)
-        fleet = Fleet(job, write_job(job, work / "job.yaml"), broker.bootstrap, work / "logs")
-        feeder = Feeder(job, broker.bootstrap, rate, seed)
+    def _down(self, name: str, hold_s: float, back: Callable[[], None]) -> None:
+        """SIGKILL the fleet's `name`; `back()` starts what replaces it `hold_s` later."""
+        assert self.fleet is not None
+        self.fleet.kill(name)
+        self.idle(hold_s)
+        back()
+
+    def _stopped(self, proc: subprocess.Popen, hold_s: float) -> None:
+        """SIGSTOP `proc` for `hold_s`, then SIGCONT."""
+        proc.send_signal(signal.SIGSTOP)
+        self.idle(hold_s)
+        proc.send_signal(signal.SIGCONT)
+
+    def cli(self, *args: str) -> bool:
+        """A `streamjoin` command against the fleet's job; whether it succeeded (under faults
+        it may be refused or time out: the check is what the output holds either way)."""
+        assert self.fleet is not None
         try:
-            fleet.start_coordinator()
-            for w in ("w0", "w1", "w2"):
-                fleet.start_worker(w)
-            fleet.wait_assigned(["w0", "w1", "w2"], timeout=90)
-            feeder.start()
-            nemesis, began = Nemesis(fleet, broker, job, seed), time.monotonic()
-            for fault in plan:
-                while time.monotonic() - began < fault.at_s:
-                    fleet.supervise()
-                    time.sleep(0.1)
-                nemesis.apply(fault)
-            while time.monotonic() - began < seconds:
-                fleet.supervise()
-                time.sleep(0.2)
-            feeder.stop.set()
-            feeder.join(150)
-            wait_drained(job, broker.bootstrap, fleet, timeout=300)
-            recovered = sum(_served(fleet.metrics_ports[w], name) for w in nemesis.workers()
-                            for name in ("streamjoin_recovered_batches_total", "streamjoin_changelog_restores_total"))
-            result = check(job, broker.bootstrap)
-            dead_ok = _dead_letters_exact(job, broker.bootstrap, feeder.input.bad)
-            error = "; ".join(feeder.input.errors[:3])
-            return Outcome(mode, seed, plan, result, dead_ok, error, recovered)
-        except Exception as e:  # noqa: BLE001 (the long form reports every schedule, failed or not)
-            return Outcome(mode, seed, plan, None, False, f"{type(e).__name__}: {e}")
-        finally:
-            feeder.stop.set()
-            fleet.stop_all()
+            done = subprocess.run([sys.executable, "-m", "streamjoin.cli", *args, "--job", str(self.fleet.job_file),
+                                   "--bootstrap", self.fleet.bootstrap], capture_output=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
 
 
-def _served(port: int, name: str) -> float:
-    """`name` on the metrics port, 0 where nothing answers yet (a process restarted after the last fault)."""
+def drive(nemesis: Nemesis, plan: list[Fault], seconds: float) -> None:
+    """Apply `plan` from now on, each fault at its offset, and keep the services up until
+    `seconds` have passed."""
+    began = time.monotonic()
+    for fault in plan:
+        nemesis.idle(fault.at_s - (time.monotonic() - began))
+        nemesis.apply(fault)
+    nemesis.idle(seconds - (time.monotonic() - began))
+
+
+@contextmanager
+def broker_for(work: Path, broker: embedded.EmbeddedBroker | None) -> Iterator[embedded.EmbeddedBroker]:
+    """`broker` when given (a test's shared one), else a fresh one for this run."""
+    if broker is not None:
+        yield broker
+        return
+    with embedded.start(log_path=work / "broker.log") as fresh:
+        yield fresh
+
+
+def serving(port: int) -> bool:
+    """Whether the service on metrics port `port` answers (it has started)."""
     try:
-        return metric(port, name)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5):
+            return True
     except OSError:
-        return 0.0
+        return False
 
 
-def _dead_letters_exact(job: JobSettings, bootstrap: str, bad: dict[tuple[str, int, int], str]) -> bool:
-    """Every bad record in the dead-letter topic exactly once, with its reason (and nothing else there)."""
+def recovery_lines(log_dir: Path, *events: tuple[str, ...]) -> int:
+    """Lines of the logs under `log_dir` holding every piece of one of `events`: the crash path
+    ran (logs outlive the processes that wrote them; a restarted process's metrics start at 0)."""
+    return sum(any(all(piece in line for piece in event) for event in events)
+               for log in log_dir.rglob("*.log") for line in log.read_text(errors="replace").splitlines())
+
+
+def dead_letter_refs(job: JobSettings, bootstrap: str) -> Counter:
+    """The job's dead-letter topic: how often each (input ref, reason) is there."""
     from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, decode_headers
 
     seen: Counter = Counter()
     for m in read_all(bootstrap, job.dead_letter_topic, job.partitions, "nemesis-dlq"):
         h = decode_headers(m.headers())
         seen[((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])), h[H_REASON])] += 1
-    want = Counter({(ref, reason): 1 for ref, reason in bad.items()})
+    return seen
+
+
+def dead_letters_exact(job: JobSettings, bootstrap: str, bad: dict[tuple[str, int, int], str],
+                       only: Callable[[tuple[str, int, int]], bool] = lambda _: True) -> bool:
+    """Every bad record (those `only` keeps) in the job's dead-letter topic exactly once, with
+    its reason, and nothing else there."""
+    seen = dead_letter_refs(job, bootstrap)
+    want = Counter({(ref, reason): 1 for ref, reason in bad.items() if only(ref)})
     if seen != want:
-        print("dead letters: unexpected", dict(seen - want), "missing", dict(want - seen), file=sys.stderr)
+        print(job.job, "dead letters: unexpected", dict(seen - want), "missing", dict(want - seen), file=sys.stderr)
     return seen == want
+
+
+def run_mode(mode: str, seed: int, seconds: float, faults: int, work: Path,
+             broker: embedded.EmbeddedBroker | None = None, rate: int | None = None) -> Outcome:
+    """One run of any mode in MODES (`rate`: tuples per stream per second, None: the mode's own)."""
+    options = {} if rate is None else {"rate": rate}
+    return importlib.import_module(MODES[mode]).run_one(mode, seed, seconds, faults, work, broker, **options)
+
+
+def table(rows: list[dict], modes: list[str]) -> str:
+    """The long form's table: per mode, schedules survived, faults, results checked, anything lost."""
+    lines = ["| mode | schedules | survived | faults injected | results checked | missing / extra / duplicate "
+             "| dead letters exact | bad records | in input order |", "|---|---|---|---|---|---|---|---|---|"]
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        total = lambda key: sum(r[key] or 0 for r in mine)  # noqa: E731
+        ordered = [r["ordered"] for r in mine if r["ordered"] is not None]
+        lines.append(f"| {mode} | {len(mine)} | {sum(r['survived'] for r in mine)} | "
+                     f"{sum(sum(r['faults'].values()) for r in mine)} | {total('results'):,} | "
+                     f"{total('missing')} / {total('extra')} / {total('duplicates')} | "
+                     f"{sum(r['dead_letters_exact'] for r in mine)} of {len(mine)} | {total('bad_records'):,} | "
+                     f"{f'{sum(ordered)} of {len(ordered)}' if ordered else '-'} |")
+    kinds = {mode: dict(sum((Counter(r["faults"]) for r in rows if r["mode"] == mode), Counter())) for mode in modes}
+    failed = [f"{r['mode']} seed {r['seed']}: {r['schedule']}" for r in rows if not r["survived"]]
+    return "\n".join(lines + ["", "faults by kind: " + json.dumps(kinds), "not survived:", *failed])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--minutes", type=float, default=0.5, help="each run's length")
     parser.add_argument("--faults", type=int, default=4)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--work", type=Path, help="keep each run's logs under this folder (default: a temporary one)")
+    parser.add_argument("--rows", type=Path,
+                        help="no runs: the table of the JSON lines in this file (a long form's stderr)")
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if args.rows:
+        rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.startswith("{")]
+        print(table(rows, [m for m in modes if any(r["mode"] == m for r in rows)]))
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="nemesis-") as tmp:
-        for mode in args.modes.split(","):
-            for seed in range(args.seeds):
-                out = run_one(mode, seed, args.minutes * 60, args.faults, Path(tmp) / f"{mode}-{seed}")
-                kinds = Counter(f.kind for f in out.faults)
-                r = out.result
-                rows.append({"mode": mode, "seed": seed, "faults": dict(kinds), "survived": out.survived,
-                             "results": r.results if r else None, "missing": r.missing if r else None,
-                             "extra": r.extra if r else None, "duplicates": r.duplicates if r else None,
-                             "dead_letters_exact": out.dead_letter_ok, "recovered": out.recovered,
-                             "error": out.error})
+        for mode in modes:
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                out = run_mode(mode, seed, args.minutes * 60, args.faults, (args.work or Path(tmp)) / f"{mode}-{seed}")
+                rows.append(out.row())
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print("| mode | schedules | survived | faults injected | results checked | lost (missing) |")
-    print("|---|---|---|---|---|---|")
-    for mode in args.modes.split(","):
-        mine = [r for r in rows if r["mode"] == mode]
-        faults = sum(sum(r["faults"].values()) for r in mine)
-        print(f"| {mode} | {len(mine)} | {sum(r['survived'] for r in mine)} | {faults} | "
-              f"{sum(r['results'] or 0 for r in mine)} | {sum(r['missing'] or 0 for r in mine)} |")
-    print(json.dumps(rows, indent=1))
+    print(table(rows, modes))
 
 
 if __name__ == "__main__":
