@@ -166,6 +166,15 @@ def end_offsets(cluster: Cluster, partitions: list[tuple[str, int]], group: str,
         c.close()
 
 
+def read_settled(cluster: Cluster, topic: str, starts: dict[int, int], group: str,
+                 timeout_s: float = 120.0) -> list[Message]:
+    """As read_partitions, but to each partition's high watermark: the transactions open now
+    are waited for (their records count once committed), where read_partitions would stop at
+    the first of them and miss what was committed after it."""
+    ends = end_offsets(cluster, [(topic, p) for p in starts], group, isolation="read_uncommitted")
+    return read_partitions(cluster, topic, starts, group, timeout_s, ends={p: e for (_, p), e in ends.items()})
+
+
 def read_partitions(cluster: Cluster, topic: str, starts: dict[int, int], group: str,
                     timeout_s: float = 120.0, ends: dict[int, int] | None = None) -> list[Message]:
     """Every record of the given partitions of `topic` under read_committed, from each start

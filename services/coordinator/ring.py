@@ -35,12 +35,36 @@ class RingCoordination:
         # free until the process that gave the node up heartbeats under it.
         self.replaced: dict[str, float] = {}
         self.spent: dict[str, float] = {}
+        self.started_at = time.monotonic()
+        # The layout was taken from the running ring's head (this coordinator restarted): it
+        # follows the head's (a resize it was carrying out ends) until an operator changes it.
+        self.following = False
 
     def on_heartbeat(self, beat: control.Heartbeat, alive: list[str]) -> None:
-        if not self.layout and len(alive) >= self.job.coordinator.expected_workers:
+        from_head = bool(beat.ring_layout) and beat.worker == beat.ring_layout[0]
+        if from_head and (not self.layout or self.following and beat.ring_layout != self.layout):
+            self._adopt(list(beat.ring_layout))
+        elif not self.layout and len(alive) >= self.job.coordinator.expected_workers and self._heard_long_enough():
             self._start(alive)
         if self.layout and beat.worker == self.layout[0] and beat.ring_layout != self.layout:
             self._send()
+
+    def _heard_long_enough(self) -> bool:
+        """Whether this coordinator has listened for two heartbeat intervals: a ring already
+        running (this coordinator restarted) has a head whose heartbeat names its layout by then."""
+        return time.monotonic() - self.started_at >= 2 * self.job.worker.heartbeat_ms / 1000
+
+    def _adopt(self, layout: list[str]) -> None:
+        """A restarted coordinator takes the running ring's layout from its head's heartbeat
+        rather than sizing a new ring from the workers alive now: a node of that layout that
+        died meanwhile is then handed to a standby like any silent node (a new layout would
+        leave the head planning a resize through a dead node, and the ring would stop)."""
+        if not self.layout:
+            self.orders = [list(o) for o in calibrate(self.job, self.cluster).orders]
+            self.epoch = 1
+        self.layout, self.following = layout, True
+        self.made_at = time.monotonic()
+        log.info("ring layout taken from its head", layout=self.layout)
 
     def on_change(self, change: control.RingChange) -> None:
         if not self.layout:
@@ -57,7 +81,7 @@ class RingCoordination:
             log.warning("ring change not applicable (unknown worker, or the head)", change=change.model_dump())
             return
         self.epoch += 1
-        self.made_at = time.monotonic()
+        self.made_at, self.following = time.monotonic(), False
         log.info("ring layout changed", layout=self.layout, epoch=self.epoch)
         self._send()
 

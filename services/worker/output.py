@@ -299,7 +299,7 @@ class Emitter:
     def start(self) -> None:
         if self.transactional:
             # Also fences and aborts whatever a previous incarnation left open.
-            _retry(lambda: self.producer.init_transactions(30))
+            retry_transactional(lambda: self.producer.init_transactions(30))
 
     def emit(self, batches: list[GroupBatch], consumer: Consumer, offsets: list[TopicPartition],
              skip_dead: dict[int, set[tuple[str, int, int]]], stage: Callable[[], StateTransaction],
@@ -350,7 +350,7 @@ class Emitter:
 
             def end_transaction() -> None:
                 self.producer.send_offsets_to_transaction(offsets, group, 30)
-                _retry(lambda: self.producer.commit_transaction(60))
+                retry_transactional(lambda: self.producer.commit_transaction(60))
             self._while_waiting(end_transaction, meanwhile)
         else:
             flush(self.producer, self.deliveries, meanwhile)
@@ -389,7 +389,7 @@ class Emitter:
             if self.changelog is not None:
                 self.changelog.write(writes)
             if self.transactional:
-                _retry(lambda: self.producer.commit_transaction(60))
+                retry_transactional(lambda: self.producer.commit_transaction(60))
             else:
                 flush(self.producer, self.deliveries)
             self.deliveries.check()
@@ -490,7 +490,7 @@ def _stall_watchdog(seconds: float) -> Iterator[None]:
         timer.cancel()
 
 
-def _retry(call, attempts: int = 20) -> None:  # type: ignore[no-untyped-def]
+def retry_transactional(call, attempts: int = 20) -> None:  # type: ignore[no-untyped-def]
     """Retry a transactional call while the client says the error is retriable (broker away)."""
     delay = 0.2
     for attempt in range(attempts):

@@ -67,6 +67,7 @@ from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWrit
 from streamjoin.services.worker.main import stream_templates
 from streamjoin.services.worker.ring_head import RingHead, ensure_hop_topic, now_ms, ranges_json
 from streamjoin.services.worker.ring_recovery import checkpointed_rounds, ranges_of, unwritten, written_ids
+from streamjoin.services.worker.ring_transactions import RingTransactions
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("streamjoin.worker.ring")
@@ -106,7 +107,10 @@ class RingWorker:
         self.head: RingHead | None = None
         self.layout_msg: control.RingLayout | None = None  # the coordinator's latest
         self.deliveries = Deliveries()
-        self.results = ResultWriter(ResultSink.of_job(job), self.out, self.deliveries, every_report=True)
+        # Results and dead letters go in transactions under the node's id (ring_transactions.py),
+        # opened by each incarnation.
+        self.txn = RingTransactions(job, cluster, self.deliveries)
+        self.results: ResultWriter | None = None
         self.health = metrics.HealthState()
         self.stop_flag = StopFlag()
         self.metrics_url = ""
@@ -143,6 +147,7 @@ class RingWorker:
             self._guarded(self._drain_local)
             if self.head is not None and not self.failed:
                 self._guarded(self.head.tick)
+            self._guarded(self.txn.tick)
             if self.deliveries.errors and not self.failed:
                 self._fail("delivery", str(self.deliveries.errors[0]))
             if time.monotonic() - last_beat >= self.job.worker.heartbeat_ms / 1000:
@@ -150,6 +155,7 @@ class RingWorker:
                 last_beat = time.monotonic()
         for consumer in (self.hop_in, self.control_in, self.epochs_in):
             consumer.close()
+        self._guarded(self.txn.commit)
         self._guarded(flush, self.out, self.deliveries)
         log.info("ring worker stopped", worker=self.id)
 
@@ -173,9 +179,9 @@ class RingWorker:
         there belongs to an earlier epoch), announce a RingStart naming the checkpoint to roll
         back to, and wait until it is read back (the rollback happens there)."""
         self.reincarnate, self.live = False, False
-        if self.head is not None:
-            self.head.sources.close()
-            self.head = None
+        self._drop_head()
+        self.results = ResultWriter(ResultSink.of_job(self.job), self.txn.start(self.id), self.deliveries,
+                                    every_report=True)
         ensure_hop_topic(self.job, self.cluster, self.id)
         hop = self.job.hop_topic(self.id)
         end = kafka.end_offsets(self.cluster, [(hop, 0)], f"{self.job.consumer_group}-{self.id}-ends")[(hop, 0)]
@@ -189,6 +195,11 @@ class RingWorker:
         self._read_epochs_until(lambda: self.live or self.reincarnate)
         if self.layout_msg is not None:
             self._on_layout(self.layout_msg)
+
+    def _drop_head(self) -> None:
+        if self.head is not None:
+            self.head.sources.close()
+            self.head = None
 
     def _epochs_position(self) -> int:
         at = self.epochs_in.position([TopicPartition(self.job.ring_epochs_topic, 0)])[0].offset
@@ -218,6 +229,10 @@ class RingWorker:
             if role != self.id:
                 log.warning("ring id handed over", worker=self.id, becomes=role, node=record.node, standby=record.standby)
                 self.id, self.reincarnate = role, self.live or self.reincarnate
+                # Nothing more under the old id: no rollback, no head duty, until the main loop
+                # starts the new id's incarnation (_start_incarnation).
+                self.live = False
+                self._drop_head()
         elif isinstance(record, RingStart):
             self.first_start.setdefault(record.worker, record.incarnation)
             self.live = self.live or (record.worker == self.id and record.incarnation == self.incarnation)
@@ -236,7 +251,8 @@ class RingWorker:
         """Back to the checkpoint `start` names: slices rebuilt from the round log, the ids of the
         results written since, and (the head) the rounds logged since queued to run again."""
         began = time.monotonic()
-        flush(self.out, self.deliveries)  # this node's results so far are in what written_ids reads
+        self.txn.commit()  # this node's results so far are in what written_ids reads
+        flush(self.out, self.deliveries)
         self.local.clear()
         self.passing = None
         group = f"{self.job.consumer_group}-{self.id}-log"
@@ -382,6 +398,7 @@ class RingWorker:
         for trigger, rows, detail in out.failures.entries:
             self._udf_dead_letters(trigger, rows, detail)
         if out.round_done is not None or any(isinstance(m, End) for m in out.to_next):
+            self.txn.commit()
             flush(self.out, self.deliveries)
         if out.to_next:
             nxt = info.next_of(self.id) if info is not None else self.id
@@ -414,6 +431,7 @@ class RingWorker:
     def _results(self, block: Block, info: RoundInfo | None) -> None:
         block = unwritten(block, self.written)  # a re-driven round's results written before the rollback
         if len(block):
+            assert self.results is not None  # an incarnation started
             self.results.write(block, blocks_key=self.id.encode())
             if info is not None:
                 metrics.RING_RESPONSE_SECONDS.observe_many((block["produced_ms"] - info.released_ms) / 1000.0)
@@ -429,7 +447,7 @@ class RingWorker:
         """The trigger records whose probe the UDF failed on, once per record and node; the
         value is the member tuples the UDF was given, as an Arrow block."""
         for value, partition, headers in udf_dead_letters(self.job, trigger, rows, detail, self.dead_seen):
-            self.out.produce(self.job.dead_letter_topic, value=value, partition=partition, headers=headers,
+            self.txn.producer.produce(self.job.dead_letter_topic, value=value, partition=partition, headers=headers,
                              on_delivery=self.deliveries.report)
 
     def _recovery_status(self) -> dict[str, float]:

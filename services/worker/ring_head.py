@@ -253,7 +253,7 @@ class RingHead:
             topic = self.job.topic_of(self.job.streams[d.stream])
             if (topic, d.partition, d.offset) in self.dead_written:
                 continue  # dead-lettered before the rollback
-            self.w.out.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
+            self.w.txn.producer.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
                                partition=d.partition % self.job.partitions,
                                headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1),
                                on_delivery=self.w.deliveries.report)
@@ -287,6 +287,7 @@ class RingHead:
     def _log(self, probe: Probe, state: dict) -> None:
         """The round and the head's state after it, durable before any node sees the round."""
         value, headers = wire.encode_logged(probe, self.w.epoch, state)
+        self.w.txn.commit()  # the dead letters of what the logged state says was read
         self.w.out.produce(self.job.ring_log_topic, value=value, headers=headers, partition=0,
                            on_delivery=self.w.deliveries.report)
         flush(self.w.out, self.w.deliveries)
@@ -377,7 +378,7 @@ class RingHead:
         """The input records dead-lettered at or past `low` (per dead-letter partition; absent:
         from its start), as (source topic, partition, offset). The caller flushed this node's
         producer, so its own dead letters are all there."""
-        found = kafka.read_partitions(self.w.cluster, self.job.dead_letter_topic,
+        found = kafka.read_settled(self.w.cluster, self.job.dead_letter_topic,
                                       {p: low.get(p, 0) for p in range(self.job.partitions)},
                                       f"{self.job.consumer_group}-{self.w.id}-dead-letters")
         refs = set()

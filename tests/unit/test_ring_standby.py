@@ -170,3 +170,50 @@ def test_ring_replace_round_trips_through_the_epochs_codec() -> None:
     assert ring_epochs.decode(ring_epochs.encode(replace)) == replace
     assert ring_epochs.decode(b'{"type": "ring-replace", "node": "w1"}') is None  # no standby: skipped
     assert ring_epochs.decode(b'{"type": "ring-replace", "node": 1, "standby": []}') is None
+
+
+@pytest.fixture
+def calibrated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cost model's join orders without measuring anything (calibrate reads the inputs)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("streamjoin.services.coordinator.ring.calibrate",
+                        lambda job, cluster: SimpleNamespace(orders=((1,), (0,))))
+
+
+def test_a_restarted_coordinator_takes_the_running_rings_layout_and_replaces_its_dead_node(calibrated: None) -> None:
+    """A coordinator restarted while a ring runs (a resize had grown it to four nodes, one of
+    which then died) takes the layout from the head's heartbeat instead of sizing a new ring of
+    `ring.nodes` from the workers alive now, hands the dead node to a spare like any silent
+    node, and follows the head's layout until an operator changes it."""
+    from streamjoin.schemas.control import Heartbeat, RingChange, RingLayout, decode_control
+
+    job = ring_job(standby_after_ms=2000)
+    out = FakeProducer()
+    ring = RingCoordination(job, kafka.Cluster.of(job), out)  # type: ignore[arg-type]
+    alive = ["a", "b", "d", "e", "f"]  # c, a node of the running ring, is dead; e and f are spares
+    ring.on_heartbeat(Heartbeat(worker="b", wall_ms=0), alive)  # a node that is not the head: nothing yet
+    assert ring.layout == [] and out.sent == []
+    ring.on_heartbeat(Heartbeat(worker="a", wall_ms=0, ring_layout=["a", "b", "c", "d"]), alive)
+    assert ring.layout == ["a", "b", "c", "d"]
+    assert not [v for _, v, _, _ in out.sent if isinstance(decode_control(v), RingLayout)]  # no new layout sent
+    ring.made_at = T0
+    ring.check_standbys({"a": T0 + 3, "b": T0 + 3, "d": T0 + 3, "e": T0 + 3, "f": T0 + 3}, T0 + 3)
+    assert out.replaces() == [("c", "e")]
+    ring.on_heartbeat(Heartbeat(worker="a", wall_ms=0, ring_layout=["a", "b", "c"]), alive)  # its resize ended
+    assert ring.layout == ["a", "b", "c"]
+    ring.on_change(RingChange(action="add", worker="f"))
+    ring.on_heartbeat(Heartbeat(worker="a", wall_ms=0, ring_layout=["a", "b", "c"]), alive)
+    assert ring.layout == ["a", "b", "c", "f"]  # the operator's layout stands: sent again, not followed
+
+
+def test_a_first_start_waits_two_heartbeats_for_a_running_head(calibrated: None) -> None:
+    job = ring_job()
+    ring = RingCoordination(job, kafka.Cluster.of(job), FakeProducer())  # type: ignore[arg-type]
+    from streamjoin.schemas.control import Heartbeat
+
+    ring.on_heartbeat(Heartbeat(worker="a", wall_ms=0), ["a", "b", "c"])
+    assert ring.layout == []  # it has just started: a running ring's head may not have been heard yet
+    ring.started_at -= 2 * job.worker.heartbeat_ms / 1000
+    ring.on_heartbeat(Heartbeat(worker="a", wall_ms=0), ["a", "b", "c"])
+    assert ring.layout == ["a", "b", "c"]
