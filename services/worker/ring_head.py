@@ -380,7 +380,7 @@ class RingHead:
         producer, so its own dead letters are all there."""
         found = kafka.read_settled(self.w.cluster, self.job.dead_letter_topic,
                                       {p: low.get(p, 0) for p in range(self.job.partitions)},
-                                      f"{self.job.consumer_group}-{self.w.id}-dead-letters")
+                                      f"{self.job.consumer_group}-{self.w.id}-dead-letters", log)
         refs = set()
         for m in found:
             h = decode_headers(m.headers())

@@ -81,7 +81,7 @@ def written_ids(job: JobSettings, cluster: kafka.Cluster, group: str, results_en
     starts = {p: results_end.get(p, 0) for p in range(job.partitions)}
     # Every node's results are written in transactions: to the high watermark, or a node's own
     # results committed after another node's open transaction would be missed (and made again).
-    records = kafka.read_settled(cluster, job.results_topic, starts, group)
+    records = kafka.read_settled(cluster, job.results_topic, starts, group, log)
     if job.output.format != "blocks":  # ring results are keyed by their id
         return np.unique(np.array([m.key() or b"" for m in records], "S32"))
     decoded = result_codec.decode_results(result_codec.result_layout(job), "blocks", [m.value() for m in records])

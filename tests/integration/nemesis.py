@@ -141,6 +141,11 @@ class Feeder(threading.Thread):
         if producer.flush(120) != 0:
             self.input.errors.append("records still undelivered after 120 s")
 
+    def finish(self) -> None:
+        """Stop writing, and wait until every record written is delivered (or given up on)."""
+        self.stop.set()
+        self.join(150)
+
     def problems(self, bad: dict[tuple[str, int, int], str]) -> str:
         """What went wrong writing the input: delivery errors, or bad records read back other
         than as many as were written (the check would not cover them all)."""
@@ -201,6 +206,20 @@ class Outcome:
                 "duplicates": r.duplicates if r else None, "dead_letters_exact": self.dead_letter_ok,
                 "bad_records": self.bad, "ordered": self.ordered, "recovered": self.recovered,
                 "sample": getattr(r, "sample", None) if r else None, "error": self.error[:2000]}
+
+
+def checked(mode: str, seed: int, plan: list[Fault], feeder: Feeder, job: JobSettings, bootstrap: str,
+            began_ms: int, result: Check, recovered: int, **extra: object) -> Outcome:
+    """The outcome of a run that finished: `result` (the mode's own check of its output), and
+    every bad record the feeder wrote found in the job's dead-letter topic once."""
+    bad = bad_records(bootstrap, feeder.topics, began_ms - HOUR_MS // 2)
+    return Outcome(mode, seed, plan, result, dead_letters_exact(job, bootstrap, bad), feeder.problems(bad),
+                   recovered, bad=len(bad), job=job, bootstrap=bootstrap, **extra)  # type: ignore[arg-type]
+
+
+def failed(mode: str, seed: int, plan: list[Fault], error: Exception) -> Outcome:
+    """The outcome of a run that ended in an error (the long form reports every schedule)."""
+    return Outcome(mode, seed, plan, None, False, f"{type(error).__name__}: {error}")
 
 
 class Nemesis:

@@ -28,9 +28,8 @@ from streamjoin.topology import topics
 from streamjoin.topology.partitioner import key_bytes
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import check
-from tests.integration.nemesis import (HEARTBEAT_TIMEOUT_MS, HOUR_MS, WORKER_TIMEOUT_MS, Fault, Feeder, Nemesis,
-                                       Outcome, bad_records, broker_for, dead_letters_exact, drive, recovery_lines,
-                                       schedule)
+from tests.integration.nemesis import (HEARTBEAT_TIMEOUT_MS, WORKER_TIMEOUT_MS, Fault, Feeder, Nemesis, Outcome,
+                                       broker_for, checked, drive, failed, recovery_lines, schedule)
 
 KINDS = ("kill", "replace", "pause", "coordinator", "broker", "move")
 JOIN_TYPES = {"hash-inner": {"type": "inner"}, "hash-left": {"type": "left"}}
@@ -102,15 +101,12 @@ def run_one(mode: str, seed: int, seconds: float, faults: int, work: Path,
             feeder.start()
             nemesis = HashNemesis(fleet, b, job, seed)
             drive(nemesis, plan, seconds)
-            feeder.stop.set()
-            feeder.join(150)
+            feeder.finish()
             wait_drained(job, b.bootstrap, fleet, timeout=300)
             recovered = recovery_lines(work / "logs", ("groups restored from the changelog",), ("replayed batch",))
-            bad = bad_records(b.bootstrap, inputs, began_ms - HOUR_MS // 2)
-            return Outcome(mode, seed, plan, check(job, b.bootstrap), dead_letters_exact(job, b.bootstrap, bad),
-                           feeder.problems(bad), recovered, bad=len(bad), job=job, bootstrap=b.bootstrap)
+            return checked(mode, seed, plan, feeder, job, b.bootstrap, began_ms, check(job, b.bootstrap), recovered)
         except Exception as e:  # noqa: BLE001 (the long form reports every schedule, failed or not)
-            return Outcome(mode, seed, plan, None, False, f"{type(e).__name__}: {e}")
+            return failed(mode, seed, plan, e)
         finally:
             feeder.stop.set()
             fleet.stop_all()

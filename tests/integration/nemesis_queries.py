@@ -42,7 +42,7 @@ from streamjoin.topology import topics
 from tests.integration.kafka_harness import Check, read_all
 from tests.integration.nemesis import (HEARTBEAT_TIMEOUT_MS, HOUR_MS, WORKER_TIMEOUT_MS, Fault, Feeder, Nemesis,
                                        Outcome, bad_records, broker_for, dead_letter_refs, dead_letters_exact, drive,
-                                       recovery_lines, schedule)
+                                       failed, recovery_lines, schedule)
 from tests.integration.test_queries import (CARRIERS, FLIGHTS, STATUSES, TERMINALS, Produced, Service, catalog_job,
                                             expected, random_query, sink_results, wait_routed)
 
@@ -221,8 +221,7 @@ def run_one(mode: str, seed: int, seconds: float, faults: int, work: Path,
             for _ in range(QUERIES):
                 nemesis.add()
             drive(nemesis, plan, seconds)
-            feeder.stop.set()
-            feeder.join(150)
+            feeder.finish()
             wait_routed(job, b.bootstrap, work_dir, timeout=300)
             views = service.call("GET", "/queries")
             bad = bad_records(b.bootstrap, inputs, began_ms - HOUR_MS // 2)
@@ -232,7 +231,7 @@ def run_one(mode: str, seed: int, seconds: float, faults: int, work: Path,
                            recovery_lines(work_dir, *RECOVERY_EVENTS),
                            bad=len(bad), job=job, bootstrap=b.bootstrap)
         except Exception as e:  # noqa: BLE001 (the long form reports every schedule, failed or not)
-            return Outcome(mode, seed, plan, None, False, f"{type(e).__name__}: {e}")
+            return failed(mode, seed, plan, e)
         finally:
             feeder.stop.set()
             if service.proc is not None and service.proc.poll() is None:

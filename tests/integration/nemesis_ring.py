@@ -30,8 +30,8 @@ from streamjoin.services import kafka
 from streamjoin.services.coordinator.status import latest_heartbeats
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
-from tests.integration.nemesis import (HEARTBEAT_TIMEOUT_MS, HOUR_MS, WORKER_TIMEOUT_MS, Fault, Feeder, Nemesis,
-                                       Outcome, bad_records, broker_for, dead_letters_exact, drive, schedule)
+from tests.integration.nemesis import (HEARTBEAT_TIMEOUT_MS, WORKER_TIMEOUT_MS, Fault, Feeder, Nemesis, Outcome,
+                                       broker_for, checked, drive, failed, schedule)
 from tests.integration.nemesis_splitjoin import band_row
 from tests.integration.fleet_harness import wait_until
 from tests.integration.kafka_harness import commits
@@ -158,15 +158,12 @@ def run_one(mode: str, seed: int, seconds: float, faults: int, work: Path,
             feeder.armed.set()
             nemesis = RingNemesis(fleet, b, job, seed)
             drive(nemesis, plan, seconds)
-            feeder.stop.set()
-            feeder.join(150)
+            feeder.finish()
             wait_ring_quiet(job, b.bootstrap, fleet, timeout=300)
-            recovered = rollbacks_mid_run(work / "logs")
-            bad = bad_records(b.bootstrap, inputs, began_ms - HOUR_MS // 2)
-            return Outcome(mode, seed, plan, check_ring(job, b.bootstrap), dead_letters_exact(job, b.bootstrap, bad),
-                           feeder.problems(bad), recovered, bad=len(bad), job=job, bootstrap=b.bootstrap)
+            return checked(mode, seed, plan, feeder, job, b.bootstrap, began_ms, check_ring(job, b.bootstrap),
+                           rollbacks_mid_run(work / "logs"))
         except Exception as e:  # noqa: BLE001 (the long form reports every schedule, failed or not)
-            return Outcome(mode, seed, plan, None, False, f"{type(e).__name__}: {e}")
+            return failed(mode, seed, plan, e)
         finally:
             feeder.stop.set()
             fleet.stop_all()

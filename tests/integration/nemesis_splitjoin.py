@@ -24,8 +24,8 @@ from pathlib import Path
 from streamjoin.launcher import Fleet
 from streamjoin.services import broker as embedded
 from streamjoin.settings import JobSettings
-from tests.integration.nemesis import (HOUR_MS, Fault, Feeder, Nemesis, Outcome, bad_records, broker_for,
-                                       dead_letters_exact, drive, recovery_lines, schedule, serving)
+from tests.integration.nemesis import (Fault, Feeder, Nemesis, Outcome, broker_for, checked, drive, failed,
+                                       recovery_lines, schedule, serving)
 from tests.integration.fleet_harness import wait_until
 from tests.integration.ring_harness import check_ring
 from tests.integration.splitjoin_harness import band_job, result_order, splitjoin_fleet, wait_released
@@ -114,21 +114,17 @@ def run_one(mode: str, seed: int, seconds: float, faults: int, work: Path,
             feeder.start()
             nemesis = SplitJoinNemesis(fleet, b, seed)
             drive(nemesis, plan, seconds)
-            feeder.stop.set()
-            feeder.join(150)
+            feeder.finish()
             end = feeder.input.newest_ts + 1  # every record is below it
             if not nemesis.cli("splitjoin", "tick", "--ts", str(end + job.join.allowed_lateness_ms)):
                 raise RuntimeError("the closing tick was not written")
             wait_released(job, fleet, end, timeout=300)
             recovered = recovery_lines(work / "logs", ('"core restored"', '"source": "own"'), ('"merger restored"',))
             order = result_order(job, b.bootstrap)
-            bad = bad_records(b.bootstrap, inputs, began_ms - HOUR_MS // 2)
-            return Outcome(mode, seed, plan, check_ring(job, b.bootstrap), dead_letters_exact(job, b.bootstrap, bad),
-                           feeder.problems(bad), recovered,
-                           ordered=order == sorted(order) and len(set(order)) == len(order), bad=len(bad), job=job,
-                           bootstrap=b.bootstrap)
+            return checked(mode, seed, plan, feeder, job, b.bootstrap, began_ms, check_ring(job, b.bootstrap),
+                           recovered, ordered=order == sorted(order) and len(set(order)) == len(order))
         except Exception as e:  # noqa: BLE001 (the long form reports every schedule, failed or not)
-            return Outcome(mode, seed, plan, None, False, f"{type(e).__name__}: {e}")
+            return failed(mode, seed, plan, e)
         finally:
             feeder.stop.set()
             fleet.stop_all()
