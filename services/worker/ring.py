@@ -26,7 +26,10 @@ read from its sources before it releases new ones (ring_head.py).
 A hop record of an older epoch is dropped; one of a newer epoch makes the node
 read the epochs topic up to it first. The coordinator may hand a silent node's
 id to a standby (RingReplace, on the same topic): ids are worked out from that
-log, so a replaced process that comes back takes the standby's id.
+log, so a replaced process that comes back takes the standby's id. Results and
+dead letters go in Kafka transactions under the node's id
+(ring_transactions.py), so the process a standby took the id from is fenced
+and writes nothing the standby's rollback did not see.
 
 With `ring.recovery: false` restarts are fenced instead: a node finding an
 earlier start of its own id reports RingFailed and exits with

@@ -103,7 +103,10 @@ def run_one(mode: str, seed: int, seconds: float, faults: int, work: Path,
             drive(nemesis, plan, seconds)
             feeder.finish()
             wait_drained(job, b.bootstrap, fleet, timeout=300)
-            recovered = recovery_lines(work / "logs", ("groups restored from the changelog",), ("replayed batch",))
+            # The crash path ran: a group restored or a batch replayed, or a dead worker's transactions
+            # fenced by the one taking its groups (which has nothing to restore if they were still empty).
+            recovered = recovery_lines(work / "logs", ("groups restored from the changelog",), ("replayed batch",),
+                                       ("fenced a dead worker's transactions",))
             return checked(mode, seed, plan, feeder, job, b.bootstrap, began_ms, check(job, b.bootstrap), recovered)
         except Exception as e:  # noqa: BLE001 (the long form reports every schedule, failed or not)
             return failed(mode, seed, plan, e)
