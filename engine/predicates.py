@@ -146,7 +146,3 @@ def compile_terms(stream_names: list[str], terms: list[Any], udfs: Mapping[str, 
 def terms_between(terms: tuple[Term, ...], stream: int, members: frozenset[int]) -> list[Term]:
     """The terms that become decidable when `stream` joins a partial holding `members`."""
     return [t for t in terms if stream in t.streams and (t.streams - {stream}) <= members]
-
-
-def fields_needed(terms: tuple[Term, ...], stream: int) -> set[str]:
-    return {t.side(stream) for t in terms if stream in t.streams}

@@ -68,11 +68,6 @@ class InputClock:
         live = np.concatenate(lows) if lows else np.empty(0, np.int64)
         return int(live.min()) if len(live) and live.min() > NO_TIME else None
 
-    def stream_newest(self, stream: int) -> int | None:
-        """The newest event time seen on any input of `stream` (None: nothing yet)."""
-        top = int(self.newest[stream].max()) if len(self.newest[stream]) else NO_TIME
-        return top if top > NO_TIME else None
-
     def _active(self, last_ms: np.ndarray, now_ms: int) -> np.ndarray:
         if not self.idle_ms:
             return np.ones(len(last_ms), bool)

@@ -70,9 +70,6 @@ class Query:
     def sources(self) -> frozenset[str]:
         return frozenset(w.stream for w in self.windows)
 
-    def window_of(self, stream: str) -> SourceWindow:
-        return next(w for w in self.windows if w.stream == stream)
-
     @property
     def slide_ms(self) -> int | None:
         """The release period: the gcd of the sources' SLIDEs (None when none has one)."""

@@ -559,7 +559,7 @@ def schema_results(job: JobOpt = None) -> None:
 def bench(
     workload: Annotated[str, typer.Argument(
         help="equijoin | band | psp | adapt (groups that move: migration, failover, skew, rate ramp) | "
-             "delay (issue 16: production delay at 5,000 tuples/s per stream, 2 workers, per partition count) | "
+             "delay (production delay at 5,000 tuples/s per stream, 2 workers, per partition count) | "
              "spill (seed 003's spill policies and disk/distributed adaptation, in-process, no broker) | "
              "splitjoin (seed 001: k cores and the merger against the PSP ring, order and precision) | "
              "reuse (seed 002: N airline queries with operator sharing off, exact-only and relaxed)")],

@@ -261,9 +261,5 @@ def _neighbour_kept(ring: tuple[str, ...], node: str, kept: tuple[str, ...]) -> 
     raise ValueError("a ring needs at least one node")
 
 
-def empty_like(blocks: list[Block]) -> list[Block]:
-    return [b.take(np.empty(0, np.int64)) for b in blocks]
-
-
 def concat_pending(a: list[Block], b: list[Block]) -> list[Block]:
     return [concat([x, y]) if len(x) and len(y) else (y if len(y) else x) for x, y in zip(a, b)]

@@ -308,6 +308,3 @@ class NodeSlices:
     @property
     def nbytes(self) -> int:
         return sum(s.rows.nbytes for s in self.streams)
-
-    def visible_tuples(self, rnd: int) -> list[int]:
-        return [int(s.visible(rnd).sum()) for s in self.streams]

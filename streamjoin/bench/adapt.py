@@ -1,4 +1,4 @@
-"""Workload `adapt` (issue 10): partition groups that move, on seed 000's
+"""Workload `adapt`: partition groups that move, on seed 000's
 equi-join (64-byte JSON tuples, b-model keys, bias 0.7, 200 ms batches), each
 part on its own job and fleet on the run's one embedded broker, fed live by a
 paced background producer (bench/paced.py: event time about wall time):
@@ -59,8 +59,8 @@ from streamjoin.services.coordinator.status import heartbeats_since, latest_hear
 from streamjoin.settings import JobSettings, WindowSpec, load
 
 THRESHOLD_S = 1.0  # production delay under this counts as served in time (the other benchmarks' rule)
-PAUSE_GOAL_S, PAUSE_GOAL_BYTES = 0.5, 5_000_000  # issue 10: p99 pause for a 5 MB group under 500 ms
-FAILOVER_GOAL_S = 10.0  # issue 10: lost groups produce again within 10 s of the SIGKILL
+PAUSE_GOAL_S, PAUSE_GOAL_BYTES = 0.5, 5_000_000  # the goal: p99 pause for a 5 MB group under 500 ms
+FAILOVER_GOAL_S = 10.0  # the goal: lost groups produce again within 10 s of the SIGKILL
 MOVE_TIMEOUT_S = 180.0
 # Failover: a SIGKILLed worker is declared dead after 6 s of silence; a slow one is not (4 s).
 FAILOVER_TIMEOUTS = {"worker_timeout_ms": 6000, "heartbeat_timeout_ms": 4000}

@@ -1,4 +1,4 @@
-"""Workload `delay` (issue 16): production delay at the low end. A paced
+"""Workload `delay`: production delay at the low end. A paced
 producer (bench/paced.py, not Spark: event time about wall time, a tick every
 100 ms) writes seed 000's workload at a steady rate into a fleet of 2 hash
 workers with exactly-once on, once per partition count. Per run, over the
@@ -40,7 +40,7 @@ from streamjoin.launcher import Fleet, wait_drained
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 
-GOAL_P99_MS = 250.0  # issue 16: p99 at 5,000 tuples/s per stream with 2 workers, on this machine
+GOAL_P99_MS = 250.0  # the goal: p99 at 5,000 tuples/s per stream with 2 workers, on this machine
 THRESHOLD_MS = 1000.0  # the other benchmarks' "served in time"
 CYCLES_METRIC = "streamjoin_batch_seconds"  # observed once per worker cycle (one transaction)
 
