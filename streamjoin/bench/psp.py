@@ -34,7 +34,7 @@ from streamjoin.settings import JobSettings, load
 
 JOB_FILE = Path(__file__).resolve().parents[1] / "jobs" / "images.yaml"
 RATE, SECONDS, NODES = 6.0, 30.0, (1, 2, 3, 4)
-QUICK = {"rate": 3.0, "seconds": 5.0, "pixels": 2_000, "nodes": (1, 2)}
+QUICK = {"rate": 6.0, "seconds": 5.0, "pixels": 2_000, "nodes": (1, 2)}
 THRESHOLD_S = 1.0
 RESPONSE_METRIC = "streamjoin_ring_response_seconds"
 
