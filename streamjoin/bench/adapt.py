@@ -1,4 +1,4 @@
-"""Workload `adapt`: partition groups that move, on seed 000's
+"""Workload `adapt`: partition groups that move, on the `equijoin` workload's
 equi-join (64-byte JSON tuples, b-model keys, bias 0.7, 200 ms batches), each
 part on its own job and fleet on the run's one embedded broker, fed live by a
 paced background producer (bench/paced.py: event time about wall time):
