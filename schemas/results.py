@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from streamjoin.engine.result_ids import EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO
 
 __all__ = ["EVENT_TIME", "PRODUCED_MS", "RESULT_ID_HI", "RESULT_ID_LO", "BatchCommit", "RoundRelease", "Commit",
-           "decode_commit", "dead_letter_headers", "decode_headers", "ref_columns"]
+           "decode_commit", "dead_letter_headers", "dead_letter_ref", "decode_headers", "ref_columns"]
 
 H_GROUP, H_SEQ = "sj-group", "sj-seq"
 H_REASON, H_DETAIL, H_TOPIC, H_PARTITION, H_OFFSET = "sj-reason", "sj-detail", "sj-topic", "sj-partition", "sj-offset"
@@ -87,3 +87,12 @@ def dead_letter_headers(reason: str, detail: str, topic: str, partition: int, of
 
 def decode_headers(headers: list[tuple[str, bytes]] | None) -> dict[str, str]:
     return {k: v.decode() for k, v in headers or []}
+
+
+def dead_letter_ref(headers: list[tuple[str, bytes]] | None) -> tuple[str, int, int] | None:
+    """The input record a dead letter stands for, (topic, partition, offset), from its headers;
+    None when they do not name one."""
+    h = decode_headers(headers)
+    if H_TOPIC not in h or H_PARTITION not in h or H_OFFSET not in h:
+        return None
+    return h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])

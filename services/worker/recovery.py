@@ -26,8 +26,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from streamjoin.engine.block import Block
 from streamjoin.engine.window_join import JoinPlan
 from streamjoin.schemas.result_codec import decode_results, result_layout
-from streamjoin.schemas.results import (H_OFFSET, H_PARTITION, H_TOPIC, RESULT_ID_HI, RESULT_ID_LO, BatchCommit,
-                                        decode_commit, decode_headers)
+from streamjoin.schemas.results import RESULT_ID_HI, RESULT_ID_LO, BatchCommit, dead_letter_ref, decode_commit
 from streamjoin.services import faults, kafka, metrics
 from streamjoin.services.worker.intake import RecordBuffer, Routing
 from streamjoin.services.worker.output import Emitter
@@ -194,6 +193,7 @@ def _dead_letters_written(job: JobSettings, cluster: kafka.Cluster, starts: dict
     out: dict[int, set[tuple[str, int, int]]] = {g: set() for g in starts}
     for m in kafka.read_partitions(cluster, job.dead_letter_topic, starts, f"{job.consumer_group}-recovery",
                                    ends=ends):
-        h = decode_headers(m.headers())
-        out[m.partition()].add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
+        ref = dead_letter_ref(m.headers())
+        if ref is not None:
+            out[m.partition()].add(ref)
     return out

@@ -35,7 +35,7 @@ from streamjoin.engine.psp.recovery import Redrive, slice_ranges
 from streamjoin.engine.watermark import NO_TIME, InputClock
 from streamjoin.schemas import ring as wire, ring_epochs
 from streamjoin.schemas.codecs import BLOCK_SHIFT
-from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_TOPIC, dead_letter_headers, decode_headers
+from streamjoin.schemas.results import dead_letter_headers, dead_letter_ref
 from streamjoin.schemas.ring_epochs import LogMark, RingCheckpoint
 from streamjoin.services import kafka, metrics
 from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
@@ -381,12 +381,7 @@ class RingHead:
         found = kafka.read_settled(self.w.cluster, self.job.dead_letter_topic,
                                       {p: low.get(p, 0) for p in range(self.job.partitions)},
                                       f"{self.job.consumer_group}-{self.w.id}-dead-letters", log)
-        refs = set()
-        for m in found:
-            h = decode_headers(m.headers())
-            if H_TOPIC in h and H_PARTITION in h and H_OFFSET in h:
-                refs.add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
-        return refs
+        return {ref for m in found if (ref := dead_letter_ref(m.headers())) is not None}
 
     def _redrive(self) -> bool:
         """Release the logged rounds again, each once the rounds below its done_below are back.
