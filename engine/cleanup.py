@@ -1,9 +1,10 @@
-"""Clean-up of a spilled generation (seed 003 section 4.2, deferred spill).
+"""Clean-up of a spilled generation (deferred spill, after the spill paper,
+section 4.2).
 
 A group pushed to disk in deferred mode leaves its window behind as a
 *generation*; new tuples start a new one in memory and are joined only with
 it. Each combination whose members all come from one generation was produced
-at run time; the others are missing. Seed 003 merges generations with the
+at run time; the others are missing. The paper merges generations with the
 incremental view-maintenance formula (its equation 1): taking generation j as
 the increment D and the later generations as the base S,
 
@@ -40,10 +41,10 @@ def cleanup_results(plan: JoinPlan, streams: list[Block], generations: list[np.n
     `streams`: per stream, every stored tuple of generation `generation` and of the later ones
     that may still join it (expired ones included); `generations`: per stream, each tuple's
     generation index; `now_ms`: stamped on the results as their production time."""
-    tagged = [Block(dict(b.columns) | {GEN: g.astype(np.int64)}) for b, g in zip(streams, generations)]
-    delta = [sort_by_key_time(b.filter(b[GEN] == generation)) for b in tagged]
-    later = [sort_by_key_time(b.filter(b[GEN] > generation)) for b in tagged]
-    both = [sort_by_key_time(b.filter(b[GEN] >= generation)) for b in tagged]
+    tagged = [Block(dict(b.columns) | {GENERATION: g.astype(np.int64)}) for b, g in zip(streams, generations)]
+    delta = [sort_by_key_time(b.filter(b[GENERATION] == generation)) for b in tagged]
+    later = [sort_by_key_time(b.filter(b[GENERATION] > generation)) for b in tagged]
+    both = [sort_by_key_time(b.filter(b[GENERATION] >= generation)) for b in tagged]
     parts = []
     for i in range(len(plan.streams)):
         if not len(delta[i]):
@@ -52,9 +53,9 @@ def cleanup_results(plan: JoinPlan, streams: list[Block], generations: list[np.n
         combos = probe_all(plan, sources, i)
         spans = np.zeros(len(combos[i]), dtype=bool)  # some member is not of the cleaned generation
         for l, idx in combos.items():
-            spans |= sources[l][GEN][idx] != generation
+            spans |= sources[l][GENERATION][idx] != generation
         parts.append(assemble(plan, sources, {l: idx[spans] for l, idx in combos.items()}, now_ms))
     return concat(parts) if parts else assemble(plan, tagged, no_combos(plan), now_ms)
 
 
-GEN = "_gen"  # column: the generation a tuple belongs to (only inside a clean-up)
+GENERATION = "_gen"  # column: the generation a tuple belongs to (only inside a clean-up)

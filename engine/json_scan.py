@@ -1,7 +1,7 @@
 """A numba scanner for the common shape of input records: one flat JSON object per line,
 in its plainest spelling, read straight into columns.
 
-Arrow's JSON reader costs about 330 ns of CPU per 64-byte record of seed 000's workload
+Arrow's JSON reader costs about 330 ns of CPU per 64-byte record of the equi-join workload
 (measured, one thread). Most records a producer writes are far simpler than JSON allows:
 no whitespace, no escapes, ASCII text, integers. `scan_lines` reads exactly those, at a few
 ns per byte, and gives up on a batch at the first line that is anything else; the decoder
@@ -20,9 +20,9 @@ import numpy as np
 
 from streamjoin.engine.jit import kernel
 
-__all__ = ["INT", "STR", "MAX_FIELDS", "scan_lines", "gather"]
+__all__ = ["INT_FIELD", "STR_FIELD", "MAX_FIELDS", "scan_lines", "gather"]
 
-INT, STR = 0, 1  # field kinds
+INT_FIELD, STR_FIELD = 0, 1  # field kinds
 MAX_FIELDS = 64  # fields are tracked in one 64-bit mask per line
 _MAX_DIGITS = 18  # 10**18 - 1 < 2**63: no overflow check needed
 _QUOTE, _BACKSLASH, _COLON, _COMMA, _OPEN, _CLOSE, _MINUS, _NEWLINE = 0x22, 0x5C, 0x3A, 0x2C, 0x7B, 0x7D, 0x2D, 0x0A
@@ -83,7 +83,7 @@ def scan_lines(data: np.ndarray, count: int, names: np.ndarray, name_offsets: np
     """Read `count` LF-separated lines of `data`, each a plain flat object (module docstring).
 
     data: the lines' bytes (uint8); names: the fields' names end to end (uint8), field f's at
-    names[name_offsets[f]:name_offsets[f + 1]]; kinds: per field INT or STR (at most MAX_FIELDS).
+    names[name_offsets[f]:name_offsets[f + 1]]; kinds: per field INT_FIELD or STR_FIELD (at most MAX_FIELDS).
     Returns (whether every line was read, ints, starts, ends): ints[f, i] is line i's value of
     int field f; a str field's value is data[starts[f, i]:ends[f, i]]. When the first value is
     False the rest is meaningless."""
@@ -115,7 +115,7 @@ def scan_lines(data: np.ndarray, count: int, names: np.ndarray, name_offsets: np
             if at >= size or data[at] != _COLON:
                 return False, ints, starts, ends
             at += 1
-            if kinds[field] == INT:
+            if kinds[field] == INT_FIELD:
                 value, at = _integer(data, at)
                 if at < 0:
                     return False, ints, starts, ends

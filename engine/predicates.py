@@ -106,9 +106,9 @@ def evaluate_isolated(term: Term, values: Mapping[int, np.ndarray]) -> tuple[np.
     return mask, failed, detail[0]
 
 
-# Folders that were top-level packages before the one `streamjoin` namespace: UDF
-# references spelled that way ('engine.udfs:f') still load, with a warning.
-_LEGACY_PACKAGES = ("engine", "state", "schemas", "topology", "services")
+# The folders mapped into the `streamjoin` namespace: a UDF reference spelled without
+# it ('engine.udfs:f') still loads, with a warning.
+_NAMESPACE_FOLDERS = ("engine", "state", "schemas", "topology", "services")
 
 
 def load_udf(name: str, target: str) -> Udf:
@@ -116,7 +116,7 @@ def load_udf(name: str, target: str) -> Udf:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise PredicateError(f"join.udfs.{name}: {target!r} must look like 'package.module:function'")
-    if module_name.split(".")[0] in _LEGACY_PACKAGES:
+    if module_name.split(".")[0] in _NAMESPACE_FOLDERS:
         module_name = f"streamjoin.{module_name}"
         warnings.warn(f"join.udfs.{name}: {target!r} names a module outside the streamjoin namespace; "
                       f"write '{module_name}:{attr}'", DeprecationWarning, stacklevel=2)

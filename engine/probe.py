@@ -2,8 +2,8 @@
 
 State of one stream in one partition group is kept sorted by (key, ts, off),
 so a probe is two `searchsorted`s and matches are contiguous ranges; no probe
-scans more than the matching keys (this is what seed 000's extendible-hash
-mini-groups buy, with a sorted run instead of buckets).
+scans more than the matching keys (this is what the cluster join paper's
+extendible-hash mini-groups buy, with a sorted run instead of buckets).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ RESULT_ID_HI, RESULT_ID_LO = "result_id_hi", "result_id_lo"  # block columns (ui
 # its id hashes them like any ref, so it differs from every combination's and is deterministic.
 ABSENT = -1
 EVENT_TIME, PRODUCED_MS = "event_time", "produced_ms"  # block columns (int64): T, and when it was produced
-_U = np.uint64
+_UINT64 = np.uint64
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
 _LO_SEED = 0x84222325CBF29CE4
@@ -42,12 +42,12 @@ def fnv1a64(text: str) -> np.uint64:
     h = _FNV_OFFSET
     for byte in text.encode():
         h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
-    return _U(h)
+    return _UINT64(h)
 
 
 # The finalisers' constants (add, shift, multiply, shift, multiply, shift), for the kernels and mix/fmix.
-_MIX = np.array([0x9E3779B97F4A7C15, 30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31], _U)
-_FMIX = np.array([0xD6E8FEB86659FD93, 33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33], _U)
+_MIX = np.array([0x9E3779B97F4A7C15, 30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31], _UINT64)
+_FMIX = np.array([0xD6E8FEB86659FD93, 33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33], _UINT64)
 
 
 def _finalise(x: np.ndarray, constants: tuple[np.uint64, ...]) -> np.ndarray:
@@ -75,7 +75,7 @@ def _refs(columns: Sequence[np.ndarray], rows: int) -> np.ndarray:
     refs = np.empty((len(columns), rows), np.int64)
     for stream, column in enumerate(columns):
         refs[stream] = column
-    return refs.view(_U)
+    return refs.view(_UINT64)
 
 
 def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray],
@@ -84,10 +84,10 @@ def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray],
     Both halves are one numba loop each (engine/hash_kernels.id_half)."""
     rows = len(offsets[0]) if len(offsets) else 0
     parts, offs = _refs(partitions, rows), _refs(offsets, rows)
-    hi_topics = np.array([fnv1a64(t) for t in topics], _U)
-    lo_topics = np.array([fnv1a64("\x01" + t) for t in topics], _U)
-    return (hash_kernels.id_half(_U(_FNV_OFFSET), hi_topics, _MIX, parts, offs),
-            hash_kernels.id_half(_U(_LO_SEED), lo_topics, _FMIX, parts, offs))
+    hi_topics = np.array([fnv1a64(t) for t in topics], _UINT64)
+    lo_topics = np.array([fnv1a64("\x01" + t) for t in topics], _UINT64)
+    return (hash_kernels.id_half(_UINT64(_FNV_OFFSET), hi_topics, _MIX, parts, offs),
+            hash_kernels.id_half(_UINT64(_LO_SEED), lo_topics, _FMIX, parts, offs))
 
 
 def result_head(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray],
@@ -100,7 +100,7 @@ def result_head(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets
 
 def result_id_hex(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """The ids as 32 lower-case hex digits each (NumPy bytes 'S32'), hi first."""
-    both = np.stack([np.asarray(hi, _U), np.asarray(lo, _U)], axis=1).astype(">u8")
+    both = np.stack([np.asarray(hi, _UINT64), np.asarray(lo, _UINT64)], axis=1).astype(">u8")
     nibbles = np.frombuffer(both.tobytes(), np.uint8).reshape(len(both), 16)
     digits = np.stack([_HEX[nibbles >> 4], _HEX[nibbles & 15]], axis=2).reshape(len(both), 32)
     return np.ascontiguousarray(digits).view("S32").reshape(len(both))
@@ -109,7 +109,9 @@ def result_id_hex(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
 def parse_result_id_hex(text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of `result_id_hex` for well-formed ids (32 hex digits each)."""
     raw = np.frombuffer(np.asarray(text, "S32").tobytes(), np.uint8).reshape(len(text), 32).astype(np.int64)
-    values = np.where(raw >= ord("a"), raw - ord("a") + 10, raw - ord("0")).astype(_U)
-    weights = _U(16) ** np.arange(15, -1, -1, dtype=_U)
+    values = np.where(raw >= ord("a"), raw - ord("a") + 10, raw - ord("0")).astype(_UINT64)
+    weights = _UINT64(16) ** np.arange(15, -1, -1, dtype=_UINT64)
     with np.errstate(over="ignore"):
-        return (values[:, :16] * weights).sum(axis=1, dtype=_U), (values[:, 16:] * weights).sum(axis=1, dtype=_U)
+        hi = (values[:, :16] * weights).sum(axis=1, dtype=_UINT64)
+        lo = (values[:, 16:] * weights).sum(axis=1, dtype=_UINT64)
+    return hi, lo

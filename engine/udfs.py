@@ -1,6 +1,6 @@
 """Built-in UDFs, registered by name in job files (`join.udfs`).
 
-`pixel_similarity` is seed 004's expensive predicate: two RGB images (byte
+`pixel_similarity` is the PSP paper's expensive predicate: two RGB images (byte
 strings of 3 x pixels) match when at least `threshold` of their bytes differ
 by at most `tolerance`. Its cost is proportional to the number of pixels.
 """

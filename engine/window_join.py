@@ -4,8 +4,8 @@ Two emission disciplines, both exact and independent of arrival order:
 
 * eager (all windows RANGE): a batch's new tuples are joined as they come with
   the delta formula  R = sum_i  D_i x (S_j + D_j)_{j<i} x (S_j)_{j>i},
-  which counts every combination once (the same incremental formula seed 003
-  uses to merge generations of a spilled group);
+  which counts every combination once (the same incremental formula the spill
+  paper uses to merge generations of a spilled group);
 * on watermark (any ROWS window): a count window is only final once no
   earlier tuple can still arrive, so combinations are emitted when the
   watermark passes their time T, with the newest tuple as the trigger.
@@ -87,7 +87,7 @@ class GroupWindow:
 
     def next_deadline(self, plan: "JoinPlan") -> int | None:
         """The lowest watermark at which a decided time-window row would expire (its ts + W),
-        or None when no such row is live: what an all-idle group waits for (services/worker)."""
+        or None when no such row is live: what an all-idle group waits for (services/hash)."""
         deadlines = [oldest + plan.streams[i].range_ms for i in self.matched  # type: ignore[operator]
                      if plan.streams[i].range_ms is not None and (oldest := self.runs[i].oldest()) is not None]
         return min(deadlines, default=None)
@@ -127,7 +127,7 @@ def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_
     `floor`: the watermark after the batch is at least this; `bound`: event times the streams'
     newest-time minimum may not pass, as if one more input stood at it: the one the batch's
     tuples are judged late with, and the one the watermark after it takes (None: no bound;
-    the progress of the partitions that re-route to the group, services/worker/progress.py)."""
+    the progress of the partitions that re-route to the group, services/hash/progress.py)."""
     wm_before = window.watermark
     before, after = bound or (None, None)
     accepted, late = [], []

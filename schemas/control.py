@@ -21,8 +21,8 @@ class Heartbeat(BaseModel):
     state_tuples: int = 0
     # Observations for the adaptive coordinator (services/coordinator/adapt.py); the defaults let
     # heartbeats of older workers decode. backlog_bytes: records fetched but not joined yet, plus
-    # the consumer lag priced at the mean record size (seed 000's buffer occupancy, in bytes).
-    # group_bytes: window state bytes of each owned group (seed 003's memory signal).
+    # the consumer lag priced at the mean record size (the hash join's buffer occupancy, in bytes).
+    # group_bytes: window state bytes of each owned group (the memory balancer's signal).
     backlog_bytes: int = 0
     group_bytes: dict[int, int] = Field(default_factory=dict)
     metrics_url: str = ""
@@ -31,10 +31,10 @@ class Heartbeat(BaseModel):
     ring_round: int = 0
     ring_failed: str = ""  # ring node: why the ring stopped producing results ("" while it runs)
     # ring node: its epoch, its rollbacks, and at the head the rounds it re-drove and the last
-    # rollback's seconds until every re-driven round was back (services/worker/ring.py)
+    # rollback's seconds until every re-driven round was back (services/ring/node.py)
     ring_recovery: dict[str, float] = Field(default_factory=dict)
     epoch: int = 0  # hash worker: the placement epoch of the newest assignment it applied
-    # Spill (seed 003 sections 4 and 6; worker.spill). memory_bytes: window bytes held in memory;
+    # Spill (docs/design.md, windows larger than memory; worker.spill). memory_bytes: window bytes held in memory;
     # memory_budget: worker.memory_bytes; spilled_bytes: window bytes on disk only (pushed groups,
     # and in deferred mode their generations); generations: spilled generations not cleaned up
     # yet; cleanup_backlog_bytes: their bytes; spilled_groups: groups with such generations
@@ -103,7 +103,7 @@ class DrainWorker(BaseModel):
 
 
 class PushGroups(BaseModel):
-    """Coordinator -> worker (active-disk, seed 003 6): push at least `bytes` of in-memory window
+    """Coordinator -> worker (active-disk spill): push at least `bytes` of in-memory window
     state to disk now, least productive groups first. `why`: the coordinator's reason, logged."""
 
     type: Literal["push-groups"] = "push-groups"

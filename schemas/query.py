@@ -1,9 +1,10 @@
-"""Continuous queries (seed 002's CQL subset), as values.
+"""Continuous queries (the CQL subset of the StreamReuse query service), as values.
 
 A query is the windowed equi-join of its sources, each with its own RANGE
 window, filtered by equality/IN selections on source columns and projected to
-its SELECT list. `schemas/cql.py` parses and validates the text form;
-`topology/reuse/` plans which shared operator answers it.
+its SELECT list. `schemas/cql_parse.py` parses the text form and
+`schemas/cql_validate.py` validates it; `topology/reuse/` plans which shared
+operator answers it.
 
 Semantics (the contract every sink topic is checked against): a combination
 of one tuple per source, all equal on the join classes, with T = the newest

@@ -1,6 +1,6 @@
 """What the job writes besides its results: the commit records recovery and
 verifiers read, and the dead-letter record. The result records themselves
-(one per result, JSON or Avro, or Arrow blocks) are schemas/result_codec.py.
+(one per result, JSON or Avro, or Arrow blocks) are schemas/result_format.py.
 
 Commits: topic `<job>.commits` (internal, compacted by key), JSON values.
   hash mode  key = group g, partition g: one `BatchCommit` per (group, batch),

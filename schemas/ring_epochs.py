@@ -43,7 +43,7 @@ class RingCheckpoint(BaseModel):
     start: LogMark  # the oldest place whose rounds hold a tuple some node still keeps
     history: list[LogMark] = Field(default_factory=list)  # earlier checkpoints' places, oldest first
     ranges: dict[str, list[list[tuple[int, int]]]]  # node -> per stream, [lo, hi) runs of _sseq
-    head: dict  # the head's state after round at.next_round - 1 (services/worker/ring_head.HeadState)
+    head: dict  # the head's state after round at.next_round - 1 (services/ring/head.HeadState)
     results_end: dict[int, int] = Field(default_factory=dict)  # results partition -> end offset
     wall_ms: int = 0
 

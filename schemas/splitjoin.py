@@ -1,4 +1,4 @@
-"""SplitJoin records (seed 001): what a core hands the merger, and the marks
+"""SplitJoin records: what a core hands the merger, and the marks
 written into source partitions.
 
 Core output, partition i of `<job>.splitjoin.out` (core i's own, so in its order):

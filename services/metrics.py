@@ -72,7 +72,7 @@ HOT_BYTES = Gauge("streamjoin_hot_state_bytes", "Window bytes held in memory (th
                   registry=REGISTRY)
 HOT_LIMIT = Gauge("streamjoin_hot_state_limit_bytes", "worker.memory_bytes: the in-memory budget for windows",
                   registry=REGISTRY)
-# Spill (seed 003 section 4; worker.spill).
+# Spill (the spill paper, section 4; worker.spill).
 SPILLED_BYTES = Gauge("streamjoin_spilled_bytes", "Window bytes of owned groups held on disk only", registry=REGISTRY)
 GENERATIONS = Gauge("streamjoin_spill_generations", "Spilled generations not cleaned up yet (deferred spill)",
                     registry=REGISTRY)
@@ -132,8 +132,8 @@ FENCED = Counter("streamjoin_fenced_workers", "Dead workers whose transactions t
                  "recovering the groups they held", registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
 GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
-PUSH_ORDERS = Counter("streamjoin_coordinator_push_orders_total", "Push orders sent to workers (active-disk, seed "
-                      "003 6: the worker with the lowest output rate per group pushes state to disk)",
+PUSH_ORDERS = Counter("streamjoin_coordinator_push_orders_total", "Push orders sent to workers (active-disk, the "
+                      "spill paper's section 6: the worker with the lowest output rate per group pushes state to disk)",
                       registry=REGISTRY)
 RING_MESSAGES = Counter("streamjoin_ring_messages", "Ring messages handled by this node", ["kind"],
                         registry=REGISTRY)
@@ -141,7 +141,7 @@ RING_SLICE_TUPLES = Gauge("streamjoin_ring_slice_tuples", "Tuples in this ring n
                           ["stream"], registry=REGISTRY)
 RING_RESPONSE_SECONDS = BlockHistogram(
     "streamjoin_ring_response_seconds",
-    "Ring mode: result produced minus the release of its round by the head (seed 004's response latency)",
+    "Ring mode: result produced minus the release of its round by the head (PSP's response latency)",
     DELAY_BUCKETS, REGISTRY)
 RING_FAILED = Gauge("streamjoin_ring_failed", "1 once the ring stopped producing results, by reason "
                     "(node-restarted, stale-epoch, delivery)", ["reason"], registry=REGISTRY)
@@ -167,7 +167,7 @@ OFFSETS_RECOMMITTED = Counter("streamjoin_offsets_recommitted", "Idle input part
                               "behind the worker's position (reason=marker: only transaction markers since; "
                               "reason=lost: a batch's committed offset read back older)", ["reason"],
                               registry=REGISTRY)
-# SplitJoin cores (services/splitjoin/core.py, seed 001): one core per process, so no core label.
+# SplitJoin cores: one core per process, so no core label.
 SPLITJOIN_CORE_TUPLES_IN = Counter("streamjoin_splitjoin_core_tuples_in_total", "Input tuples the core's input order "
                                    "released to it (every core sees every tuple)", ["stream"], registry=REGISTRY)
 SPLITJOIN_CORE_STORED = Counter("streamjoin_splitjoin_core_tuples_stored_total", "Tuples the core stored in its "
@@ -190,7 +190,7 @@ SPLITJOIN_CORE_RESTORES = Counter("streamjoin_splitjoin_core_restores_total", "C
                                   "state came from: own (its changelog checkpoint), bootstrap (core 0's snapshot of "
                                   "the scale mark that added it), fresh (the sources' beginning)", ["source"],
                                   registry=REGISTRY)
-# SplitJoin merger (services/splitjoin/merger.py, seed 001 section 5).
+# SplitJoin merger (the SplitJoin paper, section 5).
 SPLITJOIN_MERGER_RESULTS = Counter("streamjoin_splitjoin_merger_results_total",
                                    "Results the SplitJoin merger wrote to the results topic, in input order",
                                    registry=REGISTRY)

@@ -11,7 +11,6 @@ librdkafka call that cannot be interrupted, before Kubernetes' SIGKILL would.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from contextlib import contextmanager
@@ -19,6 +18,8 @@ from types import FrameType
 from typing import Any, Callable, Iterator
 
 import structlog
+
+from streamjoin.services.io.transactions import hard_exit
 
 log = structlog.get_logger("streamjoin.shutdown")
 
@@ -35,7 +36,7 @@ class StopFlag:
     """Set by SIGTERM/SIGINT once `install`ed (from the main thread).
 
     `grace_s`: how long after the first signal the process may take to stop cleanly
-    before the grace timer ends it with `os._exit(0)`."""
+    before the grace timer ends it with `hard_exit(0)`."""
 
     def __init__(self, grace_s: float = GRACE_S) -> None:
         self.set = False
@@ -76,7 +77,7 @@ class StopFlag:
 def _out_of_grace(grace_s: float) -> None:
     log.error("did not stop within the grace period; exiting now (recovery replays what was left)",
               grace_s=grace_s)
-    os._exit(0)
+    hard_exit(0)
 
 
 def raise_on_signals() -> None:

@@ -5,23 +5,23 @@ Arrivals are a Poisson process at `rate` tuples/s; the time field holds the
 arrival instant (epoch ms, floored). The other fields depend on
 `workload.kind`:
 
-  equijoin  seed 000: b-model keys over `domain` in the key fields and the
+  equijoin  the equi-join workload: b-model keys over `domain` in the key fields and the
             other numbers, the first free string field padded so the JSON
             record is about `tuple_bytes` long.
   band      the handshake/SplitJoin band join, R(x, y, z) and S(a, b, c, d):
             ints uniform in 1..value_max, floats uniform in [1, value_max],
             strings 20 random letters, bools fair coins.
-  images    seed 004: every bytes field an RGB image (3 x `pixels` bytes),
+  images    the PSP paper's image join: every bytes field an RGB image (3 x `pixels` bytes),
             a scene's base image plus a little noise, the scene drawn
             uniformly among round(1 / selectivity); int fields a running id.
             Same-scene images always pass engine.udfs.pixel_similarity
             (threshold 0.9, tolerance 16), others practically never, so
             that share of pairs matches.
-  seed003   seed 003's partition groups of different productivity (the 3-way
+  productivity the spill paper's partition groups of different productivity (the 3-way
             join on one key field): each tuple picks a partition group g
             uniformly, then a key uniformly from g's key domain, ints whose
             key text hashes (Kafka's murmur2) to g, so the record lands in g.
-  airline   seed 002's Delta OIS example (section 2.1): streams flights,
+  airline   the StreamReuse paper's Delta OIS example (section 2.1): streams flights,
             checkins, baggage and weather over one flight catalogue drawn
             from the workload seed (`flight_catalogue`): carriers' shares
             of flights are Zipf (a few big carriers), each carrier mostly in
@@ -31,8 +31,8 @@ arrival instant (epoch ms, floored). The other fields depend on
 Every kind: a stream named in workload.rate_factors runs at that multiple of
 the caller's rate.
 
-seed003's domain sizing. The paper's tuple range R is the number of distinct
-join values in a range of R tuples of a stream; its range join ratio j is the
+Domain sizing of kind productivity: the spill paper's tuple range R is the number of
+distinct join values in a range of R tuples of a stream; its range join ratio j is the
 results a tuple is expected to produce within one range. Group g has join
 ratio j = join_ratios[g % len(join_ratios)] and a domain of
 max(1, round(R / partitions / j)) keys: a range brings g about R / partitions
@@ -56,9 +56,10 @@ from typing import Callable
 
 import numpy as np
 
+from streamjoin.schemas.join_keys import key_text
 from streamjoin.settings import JobSettings, StreamSpec
-from streamjoin.settings.job import AIRLINE_MAX_CARRIERS, AIRLINE_MAX_CITIES, WorkloadSpec
-from streamjoin.topology.partitioner import key_text, partitions_for_keys
+from streamjoin.settings.dev import AIRLINE_MAX_CARRIERS, AIRLINE_MAX_CITIES, WorkloadSpec
+from streamjoin.topology.partitioner import partitions_for_keys
 
 Columns = dict[str, np.ndarray]
 
@@ -103,7 +104,7 @@ def sample(job: JobSettings, stream: int, n: int, seed: int) -> Columns:
     return _KINDS[job.workload.kind](job, job.streams[stream], rng, np.arange(n, dtype=np.float64), 0)
 
 
-# ---------------------------------------------------------------- equijoin (seed 000)
+# ---------------------------------------------------------------- equijoin (the equi-join workload)
 
 
 def _equijoin(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
@@ -203,7 +204,7 @@ def _uniform(rng: np.random.Generator, ftype: str, n: int, value_max: int) -> np
     return letters.astype("U") if ftype == "str" else letters
 
 
-# ---------------------------------------------------------------- images (seed 004)
+# ---------------------------------------------------------------- images (the PSP paper's image join)
 
 
 def scenes(job: JobSettings) -> int:
@@ -246,22 +247,22 @@ def _noisy_images(job: JobSettings, rng: np.random.Generator, picked: np.ndarray
     return np.ascontiguousarray(pixels).view(f"S{width}").reshape(len(picked))
 
 
-# ---------------------------------------------------------------- seed003 (seed 003's join ratios)
+# ---------------------------------------------------------------- productivity (the spill paper's join ratios)
 
 
-def seed003_key_field(spec: StreamSpec) -> str:
-    """The stream's one join-key field, which carries seed003's keys.
+def group_key_field(spec: StreamSpec) -> str:
+    """The stream's one join-key field, which carries kind productivity's keys.
 
     spec: the stream. Raises ValueError unless it has exactly one key field, of type int or str:
     the key text of both is the key's decimal, which the group key pools are hashed by."""
     if len(spec.key_fields) != 1 or spec.fields[spec.key_fields[0]] not in ("int", "str"):
-        raise ValueError(f"workload.kind seed003 joins on one int or str key field per stream: stream {spec.name} "
+        raise ValueError(f"workload.kind productivity joins on one int or str key field per stream: stream {spec.name} "
                          f"has key_fields {spec.key_fields}")
     return spec.key_fields[0]
 
 
 def group_domains(job: JobSettings) -> np.ndarray:
-    """seed003: each partition group's key-domain size, int64[job.partitions]: max(1, round(R / P / j)) for
+    """Kind productivity: each partition group's key-domain size, int64[job.partitions]: max(1, round(R / P / j)) for
     R = workload.tuple_range, P = partitions and group g's ratio j = join_ratios[g % len(join_ratios)]
     (see the module docstring)."""
     ratios = np.asarray(job.workload.join_ratios)
@@ -293,14 +294,14 @@ def group_keys(partitions: int, size: int) -> np.ndarray:
     return pools
 
 
-def _seed003(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
-             t0_ms: int) -> Columns:
+def _productivity_groups(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
+                          t0_ms: int) -> Columns:
     """A uniform partition group per tuple, then a key uniform over that group's domain (`group_domains`)
     from its key pool, so the record lands in the group; other fields as equijoin's.
 
     job: the job (partitions, workload); spec: the stream; rng: the batch's generator;
     arrivals: arrival instants (ms, float); t0_ms: the batch's start (unused: keys need no running id)."""
-    seed003_key_field(spec)
+    group_key_field(spec)
     domains = group_domains(job)
     # One pool size for every group: a group of domain d draws from its pool's first d keys.
     pools = group_keys(job.partitions, int(domains.max()))
@@ -309,7 +310,7 @@ def _seed003(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arriv
     return _keyed_columns(job, spec, arrivals, k)
 
 
-# ---------------------------------------------------------------- airline (seed 002's Delta OIS example)
+# ---------------------------------------------------------------- airline (the StreamReuse paper's Delta OIS example)
 
 CARRIER_CODES = ("DL", "AA", "UA", "WN", "B6", "AS", "LH", "AF", "BA", "KL",
                  "EK", "QR", "SQ", "NH", "JL", "CX", "AC", "QF", "NK", "F9")
@@ -434,4 +435,4 @@ def _airline_columns(workload: WorkloadSpec, name: str, rng: np.random.Generator
 
 
 _KINDS: dict[str, Callable[[JobSettings, StreamSpec, np.random.Generator, np.ndarray, int], Columns]] = {
-    "equijoin": _equijoin, "band": _band, "images": _images, "seed003": _seed003, "airline": _airline}
+    "equijoin": _equijoin, "band": _band, "images": _images, "productivity": _productivity_groups, "airline": _airline}

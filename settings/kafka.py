@@ -1,5 +1,6 @@
-"""A job's `kafka:` section: the librdkafka properties every Kafka client of
-the job gets (security protocol, SASL, TLS, timeouts).
+"""A job's Kafka settings: the `kafka:` section, the librdkafka properties every Kafka
+client of the job gets (security protocol, SASL, TLS, timeouts), the properties it may not
+set, and the `transactions:` section, the timeouts of the job's transactional producers.
 
 Names are librdkafka's, dotted; `_` stands for `.` (environment variables
 cannot hold dots, and no librdkafka property has an underscore).
@@ -26,11 +27,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import GetCoreSchemaHandler, SecretStr
+from pydantic import Field, GetCoreSchemaHandler, SecretStr
 from pydantic_core import core_schema
+
+from streamjoin.settings.base import StrictModel
 
 KafkaValue = str | int | float | bool
 ENV_PREFIX = "STREAMJOIN_KAFKA__"
+# librdkafka properties exactness or the design depends on: a job's `kafka:` section may not set them.
+RESERVED_KAFKA_SETTINGS = {
+    "bootstrap.servers": "give `bootstrap` instead",
+    "group.id": "offsets are committed per job",
+    "transactional.id": "one per worker, for exactly-once output",
+    "enable.auto.commit": "offsets are committed with each cycle's output",
+    "enable.auto.offset.store": "offsets are committed with each cycle's output",
+    "isolation.level": "exactly-once reads read_committed",
+    "enable.idempotence": "exactly-once output needs the idempotent producer",
+    "partitioner": "results and repartitioned records use Kafka's murmur2 partitioner",
+}
+
 # librdkafka's sensitive properties. Not secret: sasl.username (an identity the
 # broker logs anyway), ssl.ca.pem and ssl.certificate.pem (public certificates),
 # *.location (paths; protect the files they name).
@@ -164,3 +179,23 @@ def overlay(*layers: Any) -> Any:
             return layer
         merged |= {dotted(str(k)): v for k, v in layer.items()}
     return merged
+
+
+class TransactionSpec(StrictModel):
+    """The job file's `transactions:` section: how long the job's transactional producers (a
+    worker's cycle, a SplitJoin core and merger, the query router) and the broker wait on a
+    transaction before giving up on it."""
+
+    transaction_timeout_ms: int = Field(
+        default=60_000, gt=0,
+        description="the producers' transaction.timeout.ms: the broker aborts a transaction left open this long "
+                    "(its producer crashed or stalled), so read_committed readers get past it; at most the "
+                    "broker's transaction.max.timeout.ms")
+    init_transactions_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="how long a producer's init_transactions call (which fences the previous incarnation of "
+                    "its transactional id and settles its open transaction) waits for the broker per attempt")
+    commit_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="how long a commit_transaction call waits for the broker to confirm a transaction's "
+                    "output and offsets before it fails")

@@ -1,4 +1,5 @@
-"""The job file's `topics:` section: how the job's topics are created.
+"""The job's topics: their names (`TopicNames`, derived from the job's name, streams and
+output) and the job file's `topics:` section, how they are created.
 
 Cluster-wide `replication_factor` and `min_insync_replicas` (unset = the
 cluster's own defaults), and per role (`input`, `results`, `commits`, `changelog`,
@@ -12,9 +13,15 @@ load; `streamjoin topics check` looks for the same dangers on the cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from streamjoin.settings.base import StrictModel
+
+if TYPE_CHECKING:
+    from streamjoin.settings.output import OutputSpec
+    from streamjoin.settings.streams import StreamSpec
 
 TopicRole = Literal["input", "results", "commits", "changelog", "dead_letter", "control", "placement", "by_key",
                     "ring_hop", "ring_log", "ring_epochs", "core_output"]
@@ -41,11 +48,7 @@ TYPED_CONFIGS = {"cleanup.policy": "cleanup_policy", "retention.ms": "retention_
                  "min.insync.replicas": "min_insync_replicas", "replication.factor": "replication_factor"}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RoleTopics(_Strict):
+class RoleTopics(StrictModel):
     """Settings for every topic of one role; None = the role's default (ROLE_DEFAULTS), else the
     cluster-wide `topics.replication_factor` / `topics.min_insync_replicas`, else the cluster's."""
 
@@ -128,7 +131,7 @@ class TopicSettings:
     config: dict[str, str]
 
 
-class TopicsSpec(_Strict):
+class TopicsSpec(StrictModel):
     """How the job's topics are created (`streamjoin topics create`, the coordinator, ring workers).
 
     `replication_factor` / `min_insync_replicas`: for every role that does not set its own; unset =
@@ -224,3 +227,87 @@ def _first(*values: Any) -> Any:
 def _config_text(value: TopicConfigValue) -> str:
     """A topic config value as Kafka reads it (booleans lower-case)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class TopicNames:
+    """The names of the job's topics, a base of `JobSettings`, derived from the job's name, its
+    streams and its output section: internal topics carry the job's name, so two jobs on one
+    cluster never share one; input and results topics may be named in the job file."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:  # JobSettings' fields the names derive from
+        job: str
+        streams: list[StreamSpec]
+        output: OutputSpec
+
+    def topic_of(self, stream: StreamSpec) -> str:
+        return stream.topic or f"{self.job}.{stream.name}"
+
+    @property
+    def input_topics(self) -> list[str]:
+        return [self.topic_of(s) for s in self.streams]
+
+    @property
+    def results_topic(self) -> str:
+        return self.output.topic or f"{self.job}.results"
+
+    @property
+    def commits_topic(self) -> str:
+        """Internal: what recovery needs (batch boundaries, watermarks, ring releases), never on the results topic."""
+        return f"{self.job}.commits"
+
+    @property
+    def changelog_topic(self) -> str:
+        """Internal (hash mode): partition g holds group g's state writes (state/changelog.py)."""
+        return f"{self.job}.changelog"
+
+    def by_key_topic(self, stream: StreamSpec) -> str:
+        """Internal (hash mode): `stream`'s records re-routed to the partition of their join key."""
+        return f"{self.job}.{stream.name}.by-key"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.job}.dead-letter"
+
+    @property
+    def control_topic(self) -> str:
+        return f"{self.job}.control"
+
+    @property
+    def queries_topic(self) -> str:
+        """The query service's registry (compacted: the latest record per query and operator version)."""
+        return f"{self.job}.queries"
+
+    @property
+    def placement_topic(self) -> str:
+        return f"{self.job}.placement"
+
+    @property
+    def core_output_topic(self) -> str:
+        """Internal (splitjoin mode): partition i holds core i's results and punctuations, for the merger."""
+        return f"{self.job}.splitjoin.out"
+
+    @property
+    def core_changelog_topic(self) -> str:
+        """Internal (splitjoin mode): partition i holds core i's stored blocks and checkpoints."""
+        return f"{self.job}.splitjoin.changelog"
+
+    @property
+    def merger_topic(self) -> str:
+        """Internal (splitjoin mode): the merger's checkpoints, written with the results they cover."""
+        return f"{self.job}.merger"
+
+    @property
+    def ring_log_topic(self) -> str:
+        """Ring mode: every round the head released, in order (one partition), for crash recovery."""
+        return f"{self.job}.ring-rounds"
+
+    @property
+    def ring_epochs_topic(self) -> str:
+        """Ring mode: node starts (each one a new ring epoch) and checkpoints, in order (one partition)."""
+        return f"{self.job}.ring-epochs"
+
+    def hop_topic(self, node: str) -> str:
+        """Ring mode: the one-partition topic a ring node reads (FIFO from its predecessor)."""
+        return f"{self.job}.ring.{node}"
+

@@ -28,7 +28,7 @@ class GroupCheckpoint(BaseModel):
     # newest event time], oldest first.
     generation_start: int = 0
     generations: list[list[int]] = []
-    # join.repartition_watermarks (services/worker/progress.py): per stream, the newest event
+    # join.repartition_watermarks (services/hash/progress.py): per stream, the newest event
     # time read in each source partition (as notes told this group, or as it read its own) and
     # the partitions idle; and the streams this group told idle to the groups it re-routes to.
     progress: dict[str, dict[int, int]] = {}

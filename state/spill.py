@@ -1,5 +1,5 @@
-"""Which groups to push to disk: seed 003 section 4.3's throughput-oriented
-victim choice, and the policies it is compared with.
+"""Which groups to push to disk: the throughput-oriented victim choice of the spill
+paper (section 4.3), and the policies it is compared with.
 
 Per group the worker keeps the time of its last insert (T_u) and the results
 it produced (P_o); its size (P_s) is its window's bytes in memory.
@@ -9,8 +9,8 @@ it produced (P_o); its size (P_s) is its window's bytes in memory.
   (a group that produced nothing is infinitely unproductive), so the groups
   left in memory are the ones likely to produce the most results;
 - most-productive: the smallest P_s / P_o first, the other end of the
-  spectrum (seed 003 Figure 11's "30%-High-OutputRate");
-- lru: least recently used first (what the worker did before seed 003).
+  spectrum (the paper's Figure 11, "30%-High-OutputRate");
+- lru: least recently used first, blind to productivity.
 
 Groups are taken in that order until the bytes pushed reach the target. A
 group with no statistics yet (it just arrived, by a move or a restart) is
@@ -29,7 +29,7 @@ from streamjoin.settings import SpillSpec
 
 @dataclass
 class GroupActivity:
-    """Seed 003's statistics of one group: `last_insert_ms` (T_u, wall clock of the last batch
+    """The spill paper's statistics of one group: `last_insert_ms` (T_u, wall clock of the last batch
     that inserted tuples) and `results` (P_o, results produced since the worker took it)."""
 
     last_insert_ms: int = 0

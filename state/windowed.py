@@ -1,8 +1,8 @@
 """Windowed state of partition groups: RocksDB holds every group's window as
 the blocks its batches appended; memory holds the windows in use, within the
-worker's budget (`worker.memory_bytes`). Past it, seed 003's disk-based
-adaptation pushes groups out (state/spill.py chooses which): in probe mode a
-pushed group's window is read back from RocksDB when its next batch arrives;
+worker's budget (`worker.memory_bytes`). Past it, the spill paper's
+disk-based adaptation pushes groups out (state/spill.py chooses which): in probe
+mode a pushed group's window is read back from RocksDB when its next batch arrives;
 in deferred mode it stays on disk as a generation that only its clean-up
 reads (engine/cleanup.py), and the group starts a new one in memory.
 
@@ -39,7 +39,9 @@ from streamjoin.state.store import Store
 from streamjoin.state.transaction import StateTransaction
 from streamjoin.settings import SpillSpec
 
-BLOCK_SEQ = "_blk"  # column: the batch that appended the tuple, i.e. its stored block
+# Column: the batch that appended the tuple, i.e. its stored block. The name is part of the
+# blocks encoded in RocksDB and the changelog: another name would not restore stored state.
+BLOCK_SEQ = "_blk"
 
 
 @dataclass
@@ -85,11 +87,11 @@ class GroupState:
 
 
 class WindowedStore:
-    def __init__(self, store: Store, plan: JoinPlan, templates: list[Block], memory_bytes: int,
+    def __init__(self, rocksdb: Store, plan: JoinPlan, templates: list[Block], memory_bytes: int,
                  changelog: bool = False, spill: SpillSpec | None = None) -> None:
         """`memory_bytes`: the budget for windows held in memory; `changelog`: the job mirrors
-        state writes to its changelog (see `stage`); `spill`: how the budget is kept (seed 003)."""
-        self.store = store
+        state writes to its changelog (see `stage`); `spill`: how the budget is kept (state/spill.py)."""
+        self.rocksdb = rocksdb
         self.changelog = changelog
         self.plan = plan
         self.templates = [Block(dict(t.columns) | {BLOCK_SEQ: np.empty(0, np.int64)}) for t in templates]
@@ -99,7 +101,7 @@ class WindowedStore:
         # Window bytes of every group read or written since it was last forgotten, hot or cold:
         # a window changes only in a batch, so the size its last batch left is still its size.
         self._sizes: dict[int, int] = {}
-        self.activity: dict[int, GroupActivity] = {}  # seed 003's per-group statistics (T_u, P_o)
+        self.activity: dict[int, GroupActivity] = {}  # the spill policy's per-group statistics (T_u, P_o)
         # Outer/semi/anti joins: a pushed group's next deadline (GroupWindow.next_deadline) as it
         # left memory, so an all-idle group on disk is still woken when a row of it is due.
         self._deadlines: dict[int, int] = {}
@@ -121,7 +123,7 @@ class WindowedStore:
 
     def stored_checkpoint(self, group: int) -> GroupCheckpoint:
         """`group`'s checkpoint as RocksDB holds it (its window is not read)."""
-        return GroupCheckpoint.decode(self.store.get(checkpoint_key(group))) or GroupCheckpoint()
+        return GroupCheckpoint.decode(self.rocksdb.get(checkpoint_key(group))) or GroupCheckpoint()
 
     def _restore(self, group: int) -> GroupState:
         ckpt = self.stored_checkpoint(group)
@@ -129,7 +131,7 @@ class WindowedStore:
         state = GroupState(window, ckpt, changelog_floor=ckpt.changelog_low, changelog_next=ckpt.changelog_low)
         spilled_newest = max((newest for _, newest in ckpt.generations), default=0)
         for i in range(len(self.plan.streams)):
-            raw = {seq_of(k): v for k, v in self.store.scan(window_prefix(group, i))}
+            raw = {seq_of(k): v for k, v in self.rocksdb.scan(window_prefix(group, i))}
             # Spilled generations stay on disk undecoded: only their clean-up reads them.
             blocks = {seq: decode_block(v) for seq, v in raw.items() if seq >= ckpt.generation_start}
             state.stored.append({seq: int(blocks[seq][TS].max()) if seq in blocks else spilled_newest for seq in raw})
@@ -146,7 +148,7 @@ class WindowedStore:
 
     def _restore_marks(self, group: int, state: GroupState, stream: int) -> None:
         """Rebuild `stream`'s matched set from its stored marks, keeping only refs of live tuples."""
-        raw = {seq_of(k): v for k, v in self.store.scan(marks_prefix(group, stream))}
+        raw = {seq_of(k): v for k, v in self.rocksdb.scan(marks_prefix(group, stream))}
         marks = {seq: decode_block(v) for seq, v in raw.items()}
         state.marks[stream] = {seq: (int(block[TS].max()), len(raw[seq])) for seq, block in marks.items() if len(block)}
         refs = concat([Block({PART: np.empty(0, np.int32), OFF: np.empty(0, np.int64), TS: np.empty(0, np.int64)}),
@@ -162,7 +164,7 @@ class WindowedStore:
         out = []
         for i, template in enumerate(self.templates):
             seqs = sorted(seq for seq in state.stored[i] if seq >= from_seq)
-            raws = [self.store.get(window_block_key(group, i, seq)) for seq in seqs]
+            raws = [self.rocksdb.get(window_block_key(group, i, seq)) for seq in seqs]
             out.append(concat([template] + [decode_block(raw) for raw in raws if raw is not None]))
         return out
 
@@ -190,8 +192,8 @@ class WindowedStore:
     def install(self, group: int, values: dict[bytes, bytes], offsets: dict[bytes, int], next_offset: int) -> GroupState:
         """Replace `group`'s stored state with `values` (key -> value, as its changelog rebuilt
         them; `offsets`: where each one's first record is) and read it back."""
-        tx = self.store.transaction()
-        for key, _ in self.store.scan(group_prefix(group)):
+        tx = self.rocksdb.transaction()
+        for key, _ in self.rocksdb.scan(group_prefix(group)):
             tx.delete(key)
         for key, value in values.items():
             tx.put(key, value)
@@ -226,7 +228,7 @@ class WindowedStore:
             rewritten += [marks_key(group, i, old) for i, stored in state.marks.items() for old in sorted(stored)
                           if not (marks and i in marks and old == seq)]
             for key in rewritten:
-                value = self.store.get(key)
+                value = self.rocksdb.get(key)
                 if value is not None:
                     tx.put(key, value)
         state.checkpoint = state.checkpoint.model_copy(update={"changelog_low": state.changelog_low(seq),
@@ -275,8 +277,9 @@ class WindowedStore:
 
     # ------------------------------------------------------------------ spill
     def observe(self, group: int, now_ms: int, inserted: int, results: int) -> None:
-        """Seed 003 4.3's statistics after a committed batch of `group`: `inserted` new tuples
-        (the insert time T_u moves when there are any) and `results` produced (P_o)."""
+        """The spill policy's statistics (the spill paper, section 4.3) after a
+        committed batch of `group`: `inserted` new tuples (the insert time T_u moves when there
+        are any) and `results` produced (P_o)."""
         activity = self.activity.setdefault(group, GroupActivity(last_insert_ms=now_ms))
         if inserted:
             activity.last_insert_ms = now_ms
@@ -286,8 +289,9 @@ class WindowedStore:
         return self.hot_size > self.spill.trigger * self.memory_bytes
 
     def keep_budget(self, now_ms: int) -> list[tuple[int, int]]:
-        """Past the trigger, push `push_fraction` of the in-memory window bytes (seed 003 4.4),
-        or more when that would still leave memory past the trigger (a budget is a bound).
+        """Past the trigger, push `push_fraction` of the in-memory window bytes (the spill
+        paper, section 4.4), or more when that would still leave memory past the
+        trigger (a budget is a bound).
         Returns the groups pushed, with their bytes."""
         if not self.over_budget():
             return []

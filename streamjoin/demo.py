@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.launcher import Fleet, wait_drained, write_job
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics

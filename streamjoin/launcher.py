@@ -16,7 +16,7 @@ import yaml
 from confluent_kafka import TopicPartition
 
 from streamjoin.schemas.control import RING_FENCED_EXIT
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.broker import free_port
 from streamjoin.services.coordinator.status import latest_heartbeats
 from streamjoin.settings import JobSettings

@@ -3,12 +3,9 @@ producer already lands each key in the partition group the worker expects.
 librdkafka producers get the same with `partitioner=murmur2_random`.
 
 Scalar reference (`murmur2`, `partition_for`) and its whole-block twins
-(`key_text`, `murmur2_many` over engine/hash_kernels.py, `partitions_for_keys`),
-which the property tests hold equal for every input.
-
-Canonical join-key text (a record's key, and a hash-mode result's key): the
-key fields' values as text joined by ",": int -> decimal ASCII, str -> its
-UTF-8, bool -> true/false (what Spark's concat_ws(",", cast(string)) writes).
+(`murmur2_many` over engine/hash_kernels.py, `partitions_for_keys`), which the
+property tests hold equal for every input. What they hash is the canonical
+join-key text (schemas/join_keys.py).
 """
 
 from __future__ import annotations
@@ -17,11 +14,9 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from streamjoin.engine import hash_kernels
-from streamjoin.schemas.columns import flat, string_array
-from streamjoin.settings import FieldType
+from streamjoin.schemas.columns import flat
 
 _SEED, _M, _R = 0x9747B28C, 0x5BD1E995, 24
 
@@ -57,44 +52,12 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-def key_bytes(value: object) -> bytes:
-    """The record key streamjoin's producers write for a one-field join-key value
-    (the canonical key text: bools as true/false, like `key_text`)."""
-    if isinstance(value, (bool, np.bool_)):
-        return b"true" if value else b"false"
-    return str(value).encode()
-
-
-def _field_text(values: np.ndarray, ftype: FieldType) -> pa.LargeStringArray:
-    """One key field's values in the canonical text.
-
-    values: a block column (int64, NumPy 'U' or object str, bool); ftype: its field type."""
-    if ftype == "int":
-        return pa.array(np.asarray(values, np.int64)).cast(pa.large_string())
-    if ftype == "bool":
-        return pa.array(np.asarray(values, np.bool_)).cast(pa.large_string())  # Arrow writes true/false
-    if ftype == "str":
-        return string_array(values)
-    raise ValueError(f"join keys are int, str or bool fields, not {ftype}")
-
-
-def key_text(columns: Sequence[tuple[np.ndarray, FieldType]]) -> pa.LargeBinaryArray:
-    """The canonical join-key text of every row, as an Arrow large_binary array.
-
-    columns: the key fields in key order, each (values, field type), equal lengths."""
-    if not columns:
-        raise ValueError("a join key has at least one field")
-    texts = [_field_text(values, ftype) for values, ftype in columns]
-    joined = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, pa.scalar(",", pa.large_string()))
-    return joined.cast(pa.large_binary())
-
-
 def murmur2_many(keys: pa.Array | Sequence[bytes]) -> np.ndarray:
     """Kafka's murmur2 of every key (int32, equal to `murmur2` of each), in one numba loop
     (engine/hash_kernels.py).
 
     keys: Arrow binary-like array (binary, string or their large_ kinds) without nulls, e.g.
-    `key_text`'s, or a sequence of bytes."""
+    `schemas.join_keys.key_text`'s, or a sequence of bytes."""
     keys = keys if isinstance(keys, pa.Array) else pa.array(keys, pa.binary())
     if keys.null_count:
         raise ValueError("a null key has no murmur2 partition (Kafka spreads null keys instead)")

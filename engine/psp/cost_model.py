@@ -1,4 +1,4 @@
-"""PSP cost model (seed 004, section 5): equations 1-6, the latency-optimal
+"""PSP cost model (the PSP paper, section 5): equations 1-6, the latency-optimal
 ring size of section 5.2, the join-order heuristic of section 5.4 and the
 rounds PSP-I keeps in flight (section 4.4).
 
@@ -192,7 +192,7 @@ MAX_ROUNDS_IN_FLIGHT = 16  # the default's ceiling: each round in flight keeps i
 
 
 def rounds_in_flight(n: int, m: int, hop_per_work: float = 1.0, cap: int = MAX_ROUNDS_IN_FLIGHT) -> int:
-    """PSP-I's threshold on rounds processed at once (seed 004, section 4.4: "a threshold to
+    """PSP-I's threshold on rounds processed at once (the PSP paper, section 4.4: "a threshold to
     limit the number of concurrently processed stream tuples in the ring"), sized so that no
     node waits for work.
 

@@ -4,7 +4,7 @@
   partition, offset) and numbers them: `_g` (global), `_sseq` (per stream) and
   on every tuple the per-stream counts up to it (count windows need them).
 * `release_before` takes what the watermark lets go: the m source topics are
-  merged in event-time order by watermark, as seed 004's head does.
+  merged in event-time order by watermark, as the PSP paper's head does.
 * `RoundPlanner` stamps each round with its layout and slice bounds, bounds
   the rounds in flight (1 = PSP, more = PSP-I; by default as many as keep
   every node busy, engine/psp/cost_model.py), and runs resizes: passive
@@ -24,7 +24,7 @@ from streamjoin.engine.block import OFF, PART, TS, Block, concat
 from streamjoin.engine.psp.cost_model import balanced_head_weight, rounds_in_flight
 from streamjoin.engine.psp.messages import RoundInfo
 from streamjoin.engine.psp.plan import RingPlan, count_column
-from streamjoin.engine.psp.slices import G, SSEQ
+from streamjoin.engine.psp.slices import GLOBAL_SEQ, STREAM_SEQ
 
 
 class Sequencer:
@@ -51,8 +51,8 @@ class Sequencer:
             rank = np.empty(len(order), np.int64)
             rank[order] = np.arange(len(order))
             at = rank[start:start + sizes[i]][local]
-            cols = dict(b.take(local).columns) | {G: local_g[local],
-                                                  SSEQ: self.counts[i] + 1 + np.arange(sizes[i], dtype=np.int64)}
+            stream_seq = self.counts[i] + 1 + np.arange(sizes[i], dtype=np.int64)
+            cols = dict(b.take(local).columns) | {GLOBAL_SEQ: local_g[local], STREAM_SEQ: stream_seq}
             cols |= {count_column(k): counts_sorted[k][at].astype(np.int64) for k in range(m)}
             out.append(Block(cols))
             start += sizes[i]

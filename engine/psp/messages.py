@@ -1,7 +1,7 @@
 """What travels around a PSP ring. Every message belongs to a round.
 
 A round is one block of input tuples released by the head in global order
-(ts, stream, partition, offset); it plays the part of seed 004's single probe
+(ts, stream, partition, offset); it plays the part of the PSP paper's single probe
 tuple, so the paper's per-tuple protocol runs once per block:
 
   Build(r, j, tuples)        tuples entering a node's slice of stream j (visible from round r)
@@ -30,7 +30,7 @@ class RoundInfo:
     watermark: int  # after this round every tuple with ts < watermark has been released
     done_below: int  # every round below this one has ended (state kept for them can go)
     orders: tuple[tuple[int, ...], ...]  # per trigger stream, the join order: one for the whole ring
-    released_ms: int  # wall clock when the head released it: seed 004's response latency starts here
+    released_ms: int  # wall clock when the head released it: PSP's response latency starts here
     cap: int | None = None  # workload smoothing: slice size bound of non-tail nodes
     handoff: dict[str, str] = field(default_factory=dict)  # node -> neighbour that takes its whole slice
 

@@ -1,4 +1,4 @@
-"""A ring node's reaction to each message (seed 004, Figure 3, per round):
+"""A ring node's reaction to each message (the PSP paper's Figure 3, per round):
 
   Build    insert into the stream's slice (visible from the build's round)
   Probe    cross-purge: tuples older than this node's bound move on to the
@@ -30,8 +30,8 @@ import numpy as np
 from streamjoin.engine.block import ARR, OFF, PART, TS, Block
 from streamjoin.engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
 from streamjoin.engine.psp.plan import RingPlan, count_column, prefixed
-from streamjoin.engine.psp.probe import T_COL, ProbeFailures, extend
-from streamjoin.engine.psp.slices import G, NodeSlices, ages
+from streamjoin.engine.psp.probe import TRIGGER_TS, ProbeFailures, extend
+from streamjoin.engine.psp.slices import GLOBAL_SEQ, NodeSlices, ages
 from streamjoin.engine.result_ids import result_head
 
 
@@ -187,7 +187,7 @@ def _beyond_cap(candidates: np.ndarray, cap: int) -> np.ndarray:
 
 def trigger_rows(plan: RingPlan, t: int, block: Block) -> Block:
     """A round's tuples of stream t as one-member rows, each its own trigger."""
-    cols = {G: block[G], T_COL: block[TS]}
+    cols = {GLOBAL_SEQ: block[GLOBAL_SEQ], TRIGGER_TS: block[TS]}
     cols |= {count_column(k): block[count_column(k)] for k in range(plan.m)}
     cols |= {prefixed(t, c): block[c] for c in plan.member_columns(t, frozenset({t}))}
     return Block(cols)
@@ -196,7 +196,7 @@ def trigger_rows(plan: RingPlan, t: int, block: Block) -> Block:
 def assemble(plan: RingPlan, rows: Block, now_ms: int) -> Block:
     """Complete combinations -> the result block every mode writes (schemas/results.py)."""
     head = result_head([s.topic for s in plan.streams], [rows[prefixed(i, PART)] for i in range(plan.m)],
-                       [rows[prefixed(i, OFF)] for i in range(plan.m)], rows[T_COL], now_ms)
+                       [rows[prefixed(i, OFF)] for i in range(plan.m)], rows[TRIGGER_TS], now_ms)
     cols: dict[str, np.ndarray] = {}
     for i, s in enumerate(plan.streams):
         cols[f"{s.name}.partition"] = rows[prefixed(i, PART)]

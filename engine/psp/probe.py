@@ -20,9 +20,9 @@ from streamjoin.engine.block import TS, Block, concat
 from streamjoin.engine.predicates import Term, evaluate_isolated, terms_between
 from streamjoin.engine.probe import expand_ranges
 from streamjoin.engine.psp.plan import RingPlan, count_column, prefixed
-from streamjoin.engine.psp.slices import G, SSEQ
+from streamjoin.engine.psp.slices import GLOBAL_SEQ, STREAM_SEQ
 
-T_COL = "_T"  # the trigger's event time: the result's time T
+TRIGGER_TS = "_T"  # the trigger's event time: the result's time T
 MAX_PAIRS = 1 << 21
 
 
@@ -158,11 +158,11 @@ def _candidate_ranges(plan: RingPlan, rows: Block, j: int, access: Access, terms
     block, index None) or an equality/band term (positions in that term's sorted order)."""
     s = plan.streams[j]
     state = access.block
-    hi = np.searchsorted(state[G], rows[G], side="left")  # partners come before the trigger
+    hi = np.searchsorted(state[GLOBAL_SEQ], rows[GLOBAL_SEQ], side="left")  # partners come before the trigger
     if s.rows_window:
-        lo = np.searchsorted(state[SSEQ], rows[count_column(j)] - s.size, side="right")
+        lo = np.searchsorted(state[STREAM_SEQ], rows[count_column(j)] - s.size, side="right")
     else:
-        lo = np.searchsorted(state[TS], rows[T_COL] - s.size, side="right")
+        lo = np.searchsorted(state[TS], rows[TRIGGER_TS] - s.size, side="right")
     best: tuple[np.ndarray, np.ndarray, Term | None] = (lo, np.maximum(hi, lo), None)
     best_n = int((best[1] - best[0]).sum())
     for t in terms:
@@ -199,11 +199,11 @@ def _chunks(counts: np.ndarray) -> list[tuple[int, int]]:
 def _window_and_order(plan: RingPlan, rows: Block, owner: np.ndarray, j: int, state: Block,
                       pos: np.ndarray) -> np.ndarray:
     s = plan.streams[j]
-    ok = state[G][pos] < rows[G][owner]
+    ok = state[GLOBAL_SEQ][pos] < rows[GLOBAL_SEQ][owner]
     if s.rows_window:
-        ok &= rows[count_column(j)][owner] - state[SSEQ][pos] < s.size
+        ok &= rows[count_column(j)][owner] - state[STREAM_SEQ][pos] < s.size
     else:
-        ok &= rows[T_COL][owner] - state[TS][pos] < s.size
+        ok &= rows[TRIGGER_TS][owner] - state[TS][pos] < s.size
     return ok
 
 

@@ -1,4 +1,4 @@
-"""Ring crash recovery, the engine's part (seed 004 has none).
+"""Ring crash recovery, the engine's part (the PSP paper has none).
 
 The ring's state is the window of released tuples, spread over the nodes by
 their bounds; the head releases every round's tuples into a round log first
@@ -31,7 +31,7 @@ import numpy as np
 
 from streamjoin.engine.block import Block, concat
 from streamjoin.engine.psp.messages import Probe
-from streamjoin.engine.psp.slices import SSEQ, NodeSlices
+from streamjoin.engine.psp.slices import STREAM_SEQ, NodeSlices
 
 Runs = tuple[tuple[int, int], ...]  # [lo, hi) runs of _sseq, ascending
 Ranges = tuple[Runs, ...]  # per stream
@@ -62,7 +62,7 @@ def in_runs(values: np.ndarray, runs: Runs) -> np.ndarray:
 
 def slice_ranges(slices: NodeSlices, rnd: int) -> Ranges:
     """What a node holds for round `rnd` on: per stream, the runs of `_sseq` visible to it."""
-    return tuple(runs_of(s.rows[SSEQ][s.visible(rnd)]) for s in slices.streams)
+    return tuple(runs_of(s.rows[STREAM_SEQ][s.visible(rnd)]) for s in slices.streams)
 
 
 def rebuild(templates: list[Block], ranges: Ranges | None, logged: Iterable[Sequence[Block]]) -> NodeSlices:
@@ -77,7 +77,7 @@ def rebuild(templates: list[Block], ranges: Ranges | None, logged: Iterable[Sequ
     for blocks in logged:
         for j, block in enumerate(blocks):
             if ranges[j] and len(block):
-                mask = in_runs(block[SSEQ], ranges[j])
+                mask = in_runs(block[STREAM_SEQ], ranges[j])
                 if mask.any():
                     kept[j].append(block.filter(mask))
     for j, parts in enumerate(kept):

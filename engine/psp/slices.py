@@ -3,7 +3,7 @@
 Tuples are never edited in place: each carries the rounds it is visible to,
 [_from, _until). A tuple that moves on to the next node, expires at the tail
 or is handed off stays here, invisible to later rounds, until every round that
-may still see it has ended (seed 004's StateStart/StateEnd marks, section 4.4,
+may still see it has ended (the PSP paper's StateStart/StateEnd marks, section 4.4,
 expressed as round numbers so interleaved rounds each see a consistent,
 disjoint slice). Each stream's slice is kept sorted by the global sequence
 `_g`, so time and count windows are contiguous ranges of it.
@@ -17,7 +17,11 @@ import numpy as np
 
 from streamjoin.engine.block import TS, Block, concat
 
-G, SSEQ, FROM, UNTIL = "_g", "_sseq", "_from", "_until"
+# Columns a ring or SplitJoin core adds to each tuple. The global and per-stream sequence
+# numbers travel in results (`<stream>._g`) and checkpoints, so their names stay as they are.
+GLOBAL_SEQ = "_g"  # the tuple's place in the one input order of all streams
+STREAM_SEQ = "_sseq"  # its place (1-based) in its own stream
+FROM, UNTIL = "_from", "_until"  # the rounds [FROM, UNTIL) that see the tuple
 NEVER = np.iinfo(np.int64).max
 MIN_ROOM = 1024  # rows of storage a slice starts with
 _MARKS = (FROM, UNTIL)
@@ -225,9 +229,9 @@ class StreamSlice:
         self._changed()
         marked = Block(dict(tuples.columns) | {FROM: np.full(len(tuples), from_round, np.int64),
                                               UNTIL: np.full(len(tuples), NEVER, np.int64)})
-        if len(self.rows) and self.rows[G][-1] > tuples[G][0]:
+        if len(self.rows) and self.rows[GLOBAL_SEQ][-1] > tuples[GLOBAL_SEQ][0]:
             merged = concat([self.rows, marked])
-            self._adopt(merged.take(np.argsort(merged[G], kind="stable")))
+            self._adopt(merged.take(np.argsort(merged[GLOBAL_SEQ], kind="stable")))
             return
         self._make_room(marked)
         start, end = self._hi, self._hi + len(marked)
@@ -285,7 +289,7 @@ class StreamSlice:
 
 def ages(rows: Block, rows_window: bool, low_ts: int, count_before: int) -> np.ndarray:
     """Age of each tuple at a round: ms behind the round's low time, or newer tuples released before it."""
-    return (count_before - rows[SSEQ]) if rows_window else (low_ts - rows[TS])
+    return (count_before - rows[STREAM_SEQ]) if rows_window else (low_ts - rows[TS])
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""SplitJoin (seed 001): coordination-free broadcast cores with results in input order.
+"""SplitJoin: coordination-free broadcast cores with results in input order.
 
 * `input_order`  every core's identical merge of the source partitions into one
                  numbered sequence (no coordinator on the data path)

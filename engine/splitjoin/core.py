@@ -1,4 +1,4 @@
-"""One SplitJoin core (seed 001, Algorithms 2-4), a released batch at a time.
+"""One SplitJoin core (the SplitJoin paper's Algorithms 2-4), a released batch at a time.
 
 For every release of the input order, top-down:
   1. store: the tuples this core owns under the schedule join its sub-windows;
@@ -24,7 +24,7 @@ from streamjoin.engine.block import TS, Block, concat
 from streamjoin.engine.psp.node import assemble, trigger_rows
 from streamjoin.engine.psp.plan import RingPlan
 from streamjoin.engine.psp.probe import ProbeFailures, extend
-from streamjoin.engine.psp.slices import G, SSEQ, NodeSlices
+from streamjoin.engine.psp.slices import GLOBAL_SEQ, STREAM_SEQ, NodeSlices
 from streamjoin.engine.splitjoin.input_order import Horizon
 from streamjoin.engine.splitjoin.schedule import Schedule
 
@@ -33,14 +33,14 @@ def splitjoin_plan(plan: RingPlan) -> RingPlan:
     """The query as a core runs it: two streams, each result carrying its members' `_g`."""
     if plan.m != 2:
         raise ValueError(f"SplitJoin joins two streams, got {plan.m}")
-    streams = tuple(dataclasses.replace(s, payload=s.payload + (G,)) if G not in s.payload else s
+    streams = tuple(s if GLOBAL_SEQ in s.payload else dataclasses.replace(s, payload=s.payload + (GLOBAL_SEQ,))
                     for s in plan.streams)
     return dataclasses.replace(plan, streams=streams)
 
 
 def sequence_columns(plan: RingPlan) -> tuple[str, str]:
     """The result columns holding each member's global sequence number."""
-    return tuple(f"{s.name}.{G}" for s in plan.streams)  # type: ignore[return-value]
+    return tuple(f"{s.name}.{GLOBAL_SEQ}" for s in plan.streams)  # type: ignore[return-value]
 
 
 @dataclass
@@ -98,7 +98,7 @@ class SplitCore:
         stored = [0] * len(tuples)
         for j, block in enumerate(tuples):
             if len(block):
-                mine = self.schedule.owners(block[G], block[SSEQ]) == self.position
+                mine = self.schedule.owners(block[GLOBAL_SEQ], block[STREAM_SEQ]) == self.position
                 share = block.filter(mine)
                 self.windows.streams[j].insert(share, self.batch)
                 stored[j] = len(share)
@@ -124,7 +124,7 @@ class SplitCore:
                 continue
             stream = self.plan.streams[j]
             if stream.rows_window:
-                gone = window.rows[SSEQ] <= horizon.counts[j] - stream.size
+                gone = window.rows[STREAM_SEQ] <= horizon.counts[j] - stream.size
             else:
                 gone = window.rows[TS] <= horizon.watermark - stream.size
             window.retire(gone, self.batch + 1)

@@ -38,7 +38,7 @@ import numpy as np
 
 from streamjoin.engine.block import PART, TS, Block
 from streamjoin.engine.psp.head import Sequencer, concat_pending, release_before
-from streamjoin.engine.psp.slices import G
+from streamjoin.engine.psp.slices import GLOBAL_SEQ
 from streamjoin.engine.splitjoin.schedule import Schedule
 
 NOTHING_YET = np.iinfo(np.int64).min // 4  # newest time of a partition that has shown nothing
@@ -138,7 +138,7 @@ class InputOrder:
         tuples = self.sequencer.sequence(released)
         while self.switches:
             switch = self.switches[0]
-            later = [b[G][b[TS] > switch.after_ts] for b in tuples if len(b)]
+            later = [b[GLOBAL_SEQ][b[TS] > switch.after_ts] for b in tuples if len(b)]
             first = min((int(g.min()) for g in later if len(g)), default=None)
             if first is None:
                 break

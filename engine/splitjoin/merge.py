@@ -1,4 +1,4 @@
-"""The merger's ordering (seed 001 section 5, relaxed adjustable punctuation).
+"""The merger's ordering (the SplitJoin paper, section 5: relaxed adjustable punctuation).
 
 Each core reports, with its results, a punctuation: every result whose probing
 tuple's global sequence is below it has been written. A result can leave once

@@ -4,7 +4,7 @@ A `Schedule` is a list of epochs: from global sequence number `first_g` on, the
 job has `cores` storage cores, and a tuple of stream j with per-stream sequence
 number s (1-based, `_sseq`) is stored by core `s mod cores`. Every core derives
 the owner itself from numbers every core computes identically, so no one hands
-tuples out (seed 001's round-robin storage, section 3)."""
+tuples out (the SplitJoin paper's round-robin storage, section 3)."""
 
 from __future__ import annotations
 

@@ -17,9 +17,11 @@ import structlog
 from confluent_kafka import OFFSET_END, Message, TopicPartition
 
 from streamjoin.schemas import control
-from streamjoin.services import faults, kafka, metrics
+from streamjoin.services import faults, metrics
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import placement as placing
-from streamjoin.services.coordinator.adapt import History, Plan, plan_epoch
+from streamjoin.services.coordinator.adapt import plan_epoch
+from streamjoin.services.coordinator.epoch import History, Plan
 from streamjoin.services.coordinator.moves import Finished, Moves
 from streamjoin.services.coordinator.rebalance import observe
 from streamjoin.services.coordinator.ring import RingCoordination
@@ -205,8 +207,8 @@ class Coordinator:
         self.ring.check_standbys(self.last_seen, time.monotonic())
 
     def _adapt(self) -> None:
-        """`coordinator.placement: adaptive`: at the end of each reorganisation epoch, plan seeds
-        000 and 003's adaptation from the epoch's heartbeats (adapt.py) and start its moves."""
+        """`coordinator.placement: adaptive`: at the end of each reorganisation epoch, plan the
+        epoch's adaptation from its heartbeats (adapt.py) and start its moves."""
         if self.job.coordinator.placement != "adaptive" or self.moves is None or self.ring is not None:
             return
         if time.monotonic() < self.next_epoch_at:
@@ -251,9 +253,9 @@ class Coordinator:
             self._assign(sender)
 
     def _order_push(self, plan: Plan) -> None:
-        """Active-disk (seed 003 6): tell the plan's slowest worker to push state to disk. The
-        push is the worker's own work, not a migration, so nothing is in flight after; the
-        history keeps its time for the next order's cool-down."""
+        """Active-disk (the spill paper, section 6): tell the plan's slowest worker
+        to push state to disk. The push is the worker's own work, not a migration, so nothing
+        is in flight after; the history keeps its time for the next order's cool-down."""
         order = plan.push
         if order is None:
             return

@@ -1,4 +1,4 @@
-"""Moving partition groups between workers: seed 003's migration protocol on
+"""Moving partition groups between workers: the spill paper's migration protocol on
 Kafka, as the coordinator runs it. Pure: the coordinator (main.py) feeds it
 requests and heartbeats, stores the placement records it returns before it
 acts on them, and sends each worker `wanted(worker)` whenever that worker's

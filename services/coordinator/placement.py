@@ -7,7 +7,7 @@ from __future__ import annotations
 from confluent_kafka import Producer
 
 from streamjoin.schemas.control import Placement
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
 
 

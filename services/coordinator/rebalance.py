@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from streamjoin.schemas.control import Heartbeat
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import placement as placing
-from streamjoin.services.coordinator.adapt import History, Plan, WorkerObservation, plan_epoch
+from streamjoin.services.coordinator.adapt import plan_epoch
+from streamjoin.services.coordinator.epoch import History, Plan, WorkerObservation
 from streamjoin.services.coordinator.status import heartbeats_since
 from streamjoin.settings import CoordinatorSpec, JobSettings
 
@@ -33,9 +34,10 @@ def observe(placement: Mapping[int, str], beats: Sequence[Heartbeat], now_ms: in
     end. A worker is alive when its newest heartbeat is younger than `heartbeat_timeout_ms`,
     active when the placement gives it a group (a standby holds none); its backlog samples are
     its heartbeats of the last `reorg_epoch_ms`, its group sizes those of its newest heartbeat
-    for the groups placed on it (0 for a group it has not reported). Spill (seed 003 6): memory,
-    budget, spilled bytes and groups from its newest heartbeat; results and pushes are what its
-    counters grew by across the epoch's heartbeats (`grown`). A worker whose heartbeat has no
+    for the groups placed on it (0 for a group it has not reported). Spill (the spill
+    paper, section 6): memory, budget, spilled bytes and groups from its newest
+    heartbeat; results and pushes are what its counters grew by across the epoch's heartbeats
+    (`grown`). A worker whose heartbeat has no
     memory budget (worker.memory_bytes is never 0) predates spill reports: its memory and
     results are None, so the policy neither counts nor rates it."""
     epoch_start = now_ms - settings.reorg_epoch_ms

@@ -1,4 +1,4 @@
-"""The coordinator's ring duties (seed 004): size the ring at start with the
+"""The coordinator's ring duties (PSP): size the ring at start with the
 cost model, tell the head its layout and join orders, and carry out operators'
 `ring add` / `ring remove` requests. Level-triggered like placement: whenever
 the head's heartbeat shows another layout than the wanted one, the layout is
@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 
 from streamjoin.schemas import control, ring_epochs
 from streamjoin.services import metrics
-from streamjoin.services.kafka import Cluster
+from streamjoin.services.io.kafka import Cluster
 from streamjoin.services.coordinator.ring_plan import calibrate, choose_ring_size
 from streamjoin.settings import JobSettings
 

@@ -1,4 +1,4 @@
-"""`streamjoin plan ring`: seed 004's cost model (engine/psp/cost_model.py) fed
+"""`streamjoin plan ring`: the PSP paper's cost model (engine/psp/cost_model.py) fed
 with Table 1's terms measured here and now, on this machine, with the job's
 own workload and predicate; and the ring size the coordinator starts with
 when `ring.nodes: auto`.
@@ -47,7 +47,8 @@ from streamjoin.engine.predicates import Term, compile_terms, terms_between
 from streamjoin.engine.psp import cost_model
 from streamjoin.engine.psp.cost_model import Measurements
 from streamjoin.schemas.codecs import decode_block, encode_block
-from streamjoin.services import kafka, workloads
+from streamjoin.services import workloads
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("streamjoin.coordinator.ring_plan")
@@ -63,7 +64,7 @@ HOP_TRIPS, HOP_WARMUP, HOP_TIMEOUT_S = 20, 3, 10.0
 # phase of its fetch cycle (fetch.wait.max.ms = 20), while back-to-back trips lock onto one phase
 # (measured on Tansu: ~12 ms back to back, 0.7-9 ms at random phases).
 HOP_JITTER_S = 0.025
-# One hop (produce + flush -> consume) with services/kafka.py's client settings on the
+# One hop (produce + flush -> consume) with services/io/kafka.py's client settings on the
 # embedded broker over loopback: medians of 4.6-5.3 ms in six calibrations on the development
 # machine. A LAN hop to a real cluster adds its round trip; pass --bootstrap to measure it.
 DEFAULT_T_N = 0.005

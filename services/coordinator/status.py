@@ -10,7 +10,7 @@ import time
 from confluent_kafka import TopicPartition
 
 from streamjoin.schemas import control
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import placement as placing
 from streamjoin.settings import JobSettings
 
@@ -55,7 +55,8 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
             "lag": b.lag if b else None,
             "state_bytes": b.state_bytes if b else None,
             "state_tuples": b.state_tuples if b else None,
-            # Spill (seed 003 4 and 6): what memory holds against worker.memory_bytes, and what waits on disk.
+            # Spill (the spill paper, sections 4 and 6): what memory holds against
+            # worker.memory_bytes, and what waits on disk.
             "memory_bytes": b.memory_bytes if b else None,
             "memory_budget": b.memory_budget if b else None,
             "spilled_bytes": b.spilled_bytes if b else None,

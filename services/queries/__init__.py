@@ -1,3 +1,3 @@
-"""StreamReuse's continuous-query service (seed 002): the HTTP API (`api`), its
+"""StreamReuse's continuous-query service: the HTTP API (`api`), its
 client (`client`), the registry and planner behind it (`service`) and the
 `streamjoin queries` process (`main`)."""

@@ -39,7 +39,7 @@ MAX_BODY_BYTES = 1 << 20
 MAX_FIELD_ERRORS = 20  # a body with thousands of unknown keys gets a bounded answer
 MAX_FIELD_NAME_CHARS = 120  # unknown keys are the client's text: echo a bounded prefix
 DESCRIPTION = ("Register, explain, list and drop continuous queries over the job's streams; queries share "
-               "join operators (StreamReuse, seed 002). Every error answer is {\"error\": reason, \"detail\": ...}: "
+               "join operators (StreamReuse). Every error answer is {\"error\": reason, \"detail\": ...}: "
                "why a query was refused (a parse error's line, column and token), or the request fields at fault.")
 
 

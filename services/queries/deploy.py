@@ -12,7 +12,7 @@ come up: its groups read the records already in their partitions at once,
 and the records they re-route (a source not keyed the way the operator joins)
 reach their groups a cycle later, behind the event time the backlog ran the
 groups up to. So a version carries its watermarks across the repartition
-(`join.repartition_watermarks`, services/worker/progress.py): a group's
+(`join.repartition_watermarks`, services/hash/progress.py): a group's
 watermark follows every source partition, a re-routed tuple is late only
 against its own source partition, and the job's allowed lateness is enough,
 whatever the start delay.

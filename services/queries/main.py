@@ -10,7 +10,7 @@ import threading
 import structlog
 import uvicorn
 
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.queries.api import create_app
 from streamjoin.services.queries.deploy import Deployer
 from streamjoin.services.queries.service import ReuseService

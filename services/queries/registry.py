@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from streamjoin.schemas.query import Column, Selection
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
 from streamjoin.topology.reuse.operator import OperatorDef
 

@@ -1,11 +1,11 @@
 """The compensation router: every operator version's results to its queries' sinks.
 
 It reads each running version's results (Arrow blocks) and batch commits, and
-for every query a version serves applies that query's compensation (seed 002
-section 3.1: its own selections, RANGE filter, projection) restricted to the
+for every query a version serves applies that query's compensation (the StreamReuse
+paper, section 3.1: its own selections, RANGE filter, projection) restricted to the
 segment of event time the version serves it for, `lo <= T < hi`, then writes
 the query's results to its sink as ordinary result records (the job result
-format with the query's projection, schemas/result_codec.py).
+format with the query's projection, schemas/result_format.py).
 
 Exactly once: each cycle's sink records and the router's consumer offsets go
 in one Kafka transaction, so a restarted router resumes where the last
@@ -45,10 +45,13 @@ from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import EVENT_TIME, RESULT_ID_HI, RESULT_ID_LO
 from streamjoin.engine.window_join import NO_TIME
 from streamjoin.schemas.query import Query
-from streamjoin.schemas.result_codec import ResultLayout, StreamLayout, decode_results, result_layout
+from streamjoin.schemas.result_decode import decode_results
+from streamjoin.schemas.result_format import ResultLayout, StreamLayout, result_layout
 from streamjoin.schemas.results import BatchCommit, decode_commit
-from streamjoin.services import kafka
-from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter, flush
+from streamjoin.services.io import kafka
+from streamjoin.services.io.deliveries import Deliveries
+from streamjoin.services.io.results import ResultSink, ResultWriter
+from streamjoin.services.io.transactions import Transactions
 from streamjoin.settings import JobSettings
 from streamjoin.topology.reuse.compensation import Compensation, compensation_mask
 
@@ -125,6 +128,7 @@ class Router:
         self.group = f"{service.job}-queries-router"
         self.consumer = cluster.consumer(self.group)
         self.producer = cluster.producer(f"{service.job}-queries-router")
+        self.transactions = Transactions(self.producer, service.transactions, router=self.group)
         self.deliveries = Deliveries()  # failures fail the cycle's commit; cleared each cycle
         self.assigned: set[str] = set()
         self.version_of: dict[str, str] = {}  # results or commits topic -> the version writing it
@@ -154,7 +158,7 @@ class Router:
     # ------------------------------------------------------------ the loop
     def start(self) -> None:
         """Fence an older router (its open transaction ends: aborted, or on Tansu shown)."""
-        kafka.init_transactions(self.producer, log, router=self.group)
+        self.transactions.init()
 
     def recover(self) -> int:
         """Read what a dead incarnation left on the sinks of the queries targeted so far (call it
@@ -204,7 +208,7 @@ class Router:
         written = 0
         if messages:
             self.deliveries.clear()
-            self.producer.begin_transaction()
+            self.transactions.begin()
             for version, batch in by_version.items():
                 written += self._route(self.routes[version], batch)
             self._commit()
@@ -275,11 +279,11 @@ class Router:
     def _commit(self) -> None:
         # Every sink record delivered (a failed one fails here), so the reports give where this
         # cycle's records end on each sink partition: those marks commit with the input offsets.
-        flush(self.producer, self.deliveries)
+        self.transactions.flush(self.deliveries)
         marks = [TopicPartition(topic, p, last + 1) for (topic, p), last in self.deliveries.newest.items()]
         positions = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
-        self.producer.send_offsets_to_transaction(positions + marks, self.consumer.consumer_group_metadata(), 30)
-        self.producer.commit_transaction(60)
+        self.transactions.send_offsets(positions + marks, self.consumer.consumer_group_metadata())
+        self.transactions.commit()
 
     def _retire(self) -> None:
         """Retire versions that have nothing left to serve once their results are read to the end."""

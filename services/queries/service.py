@@ -1,6 +1,6 @@
-"""The query service (seed 002): registrations in, shared operators out.
+"""The query service (the StreamReuse paper): registrations in, shared operators out.
 
-A registration is parsed and checked against the catalog (schemas/cql.py),
+A registration is parsed and checked against the catalog (schemas/cql_validate.py),
 planned (topology/reuse/planner.py: reuse an operator as it is, relax one, or
 deploy a new one, by network usage), recorded in the registry, and carried out:
 
@@ -29,15 +29,15 @@ from typing import Any
 
 import structlog
 
-from streamjoin.schemas import cql
+from streamjoin.schemas import cql_errors, cql_print, cql_validate
 from streamjoin.schemas.query import Registration
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
+from streamjoin.services.io.results import ResultSink
 from streamjoin.services.queries.api import QueryRejected, RegisterRequest
 from streamjoin.services.queries.deploy import Deployer, version_job, version_job_name
 from streamjoin.services.queries.registry import Registry, VersionRecord
 from streamjoin.services.queries.router import Router, Target, sink_layout
 from streamjoin.services.queries.source_index import SourceIndex
-from streamjoin.services.worker.output import ResultSink
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 from streamjoin.topology.reuse.compensation import Compensation
@@ -142,8 +142,8 @@ class ReuseService:
     def _registration(self, request: RegisterRequest) -> Registration:
         """Check a request against the catalog and the service's topics; raises QueryRejected."""
         try:
-            query = cql.compile_query(request.sql, self.settings.streams)
-        except cql.QueryError as err:
+            query = cql_validate.compile_query(request.sql, self.settings.streams)
+        except cql_errors.QueryError as err:
             raise QueryRejected(422, str(err), {"line": err.line, "column": err.column, "token": err.token}) from None
         region = request.region or self.spec.regions[0]
         if region not in self.spec.regions:
@@ -151,8 +151,9 @@ class ReuseService:
         self._check_sink(request.sink)
         now_ms = int(time.time() * 1000)
         lifetime_ms = None if request.lifetime_s is None else int(request.lifetime_s * 1000)
-        return Registration(id=f"q-{len(self.records) + 1}", text=cql.to_cql(query), query=query, sink=request.sink,
-                            region=region, lifetime_ms=lifetime_ms, registered_ms=now_ms, start_ms=now_ms)
+        return Registration(id=f"q-{len(self.records) + 1}", text=cql_print.to_cql(query), query=query,
+                            sink=request.sink, region=region, lifetime_ms=lifetime_ms, registered_ms=now_ms,
+                            start_ms=now_ms)
 
     def _check_sink(self, sink: str) -> None:
         internal = set(self.settings.input_topics) | {self.settings.queries_topic}
@@ -311,7 +312,7 @@ class ReuseService:
         if not queries:
             return
         for data in queries.values():
-            query = cql.compile_query(data["sql"], self.settings.streams)
+            query = cql_validate.compile_query(data["sql"], self.settings.streams)
             registration = Registration(id=data["id"], text=data["sql"], query=query, sink=data["sink"],
                                         region=data["region"], lifetime_ms=data["lifetime_ms"],
                                         registered_ms=data["registered_ms"], start_ms=data["start_ms"],

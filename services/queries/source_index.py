@@ -23,7 +23,7 @@ import time
 
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
 
 Offsets = dict[str, dict[int, int]]

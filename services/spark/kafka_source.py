@@ -45,7 +45,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType
 
-from streamjoin.services.kafka import Cluster
+from streamjoin.services.io.kafka import Cluster
 from streamjoin.services.spark.session import default_log_path, start_context
 
 NAME = "streamjoin-kafka"
@@ -124,8 +124,8 @@ class KafkaReader(DataSourceReader):
 
 def _end_offsets(cluster: Cluster, isolation: str, topics: list[str], timeout_s: float) -> dict[tuple[str, int], int]:
     """End offset of every partition of `topics`, as the brokers' fetch responses state it
-    (services.kafka.end_offsets: the true end on Tansu too)."""
-    from streamjoin.services.kafka import end_offsets
+    (services.io.kafka.end_offsets: the true end on Tansu too)."""
+    from streamjoin.services.io.kafka import end_offsets
 
     metadata = cluster.admin().list_topics(timeout=30).topics
     missing = [t for t in topics if t not in metadata or metadata[t].error is not None]

@@ -13,7 +13,7 @@ tuples), event_time, produced_ms, and two verdicts:
 Per format:
   json          Spark's from_json, in the JVM, with a schema made from the job:
                 the id, the times and the refs (field values are not read);
-  avro, blocks  the workers' own reader (schemas.result_codec.decode_results) in
+  avro, blocks  the workers' own reader (schemas.result_decode.decode_results) in
                 mapInArrow, a batch of records at a time; it checks every field
                 too, and takes a ref naming another topic for a malformed record.
 Then one vectorised id check per Arrow batch, whatever the format.
@@ -168,9 +168,10 @@ def _codec_results(values: DataFrame, job: JobSettings) -> DataFrame:
 
 def _codec_decoder(job: JobSettings, out: pa.Schema) -> BatchFunction:
     """mapInArrow function: Avro or Arrow-block result records -> _record_schema rows, read
-    by the workers' own reader (schemas.result_codec.decode_results), a batch of records at a time."""
+    by the workers' own reader (schemas.result_decode.decode_results), a batch of records at a time."""
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from streamjoin.schemas.result_codec import decode_results as read, result_layout
+        from streamjoin.schemas.result_decode import decode_results as read
+        from streamjoin.schemas.result_format import result_layout
 
         layout = result_layout(job)
         for batch in batches:

@@ -15,6 +15,8 @@ first Spark a process starts decides the file.
 
 from __future__ import annotations
 
+# Stdlib logging, not structlog: it only routes py4j's and Python warnings' own stdlib loggers
+# to the Spark log file; the project's messages go through structlog.
 import logging
 import os
 import subprocess

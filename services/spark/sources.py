@@ -43,10 +43,10 @@ from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, Lo
                                StructType)
 
 from streamjoin.schemas.codecs import arrow_schema
-from streamjoin.services.kafka import Cluster
+from streamjoin.services.io.kafka import Cluster
 from streamjoin.services.spark.kafka_source import NAME as KAFKA, jvm_kafka_available, local_session
 from streamjoin.services.spark.kafka_source import options as kafka_options
-from streamjoin.services.workloads import Columns, airline_stream, generate, seed003_key_field
+from streamjoin.services.workloads import Columns, airline_stream, generate, group_key_field
 from streamjoin.settings import JobSettings, StreamSpec
 
 WORKLOAD = "streamjoin-workload"
@@ -287,11 +287,12 @@ class _Tracker(StreamingQueryListener):
 def _check_formats(job: JobSettings) -> None:
     """Images are binary: JSON records carry bytes fields as text, so they need blocks. Every
     generated value must fit its stream's max_field_bytes, or workers would dead-letter it.
-    seed003 draws its keys into each stream's one int or str key field, airline generates its four
+    The productivity workload (partition groups of different productivity, for state spill and memory
+    balancing) draws its keys into each stream's one int or str key field, airline generates its four
     streams by name and fields: say so before Spark starts."""
-    if job.workload.kind == "seed003":
+    if job.workload.kind == "productivity":
         for spec in job.streams:
-            seed003_key_field(spec)
+            group_key_field(spec)
     if job.workload.kind == "airline":
         for spec in job.streams:
             airline_stream(spec)

@@ -1,1 +1,2 @@
-"""SplitJoin mode (seed 001): the cores and the merger."""
+"""SplitJoin mode: the cores (`core`) and the merger (`merger`, reading the cores' output
+through `merger_intake`)."""

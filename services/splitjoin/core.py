@@ -1,4 +1,4 @@
-"""One SplitJoin core (seed 001) against Kafka, exactly once across crashes.
+"""One SplitJoin core against Kafka, exactly once across crashes.
 
 Core i reads every partition of every source topic (manual assignment, at the positions
 its checkpoint names), merges them into the one input order every core derives alike
@@ -48,16 +48,18 @@ from streamjoin.schemas import control
 from streamjoin.schemas.results import dead_letter_headers
 from streamjoin.schemas.splitjoin import (CoreMeta, ScaleMark, SplitJoinWireError, encode_core_release, mark_of,
                                           schedule_epochs)
-from streamjoin.services import collector, faults, kafka, metrics
+from streamjoin.services import collector, faults, metrics
+from streamjoin.services.io import kafka
+from streamjoin.services.io.dead_letters import DeadRecord, late_records, udf_dead_letters
+from streamjoin.services.io.deliveries import Deliveries, count_failed_control_delivery
+from streamjoin.services.io.intake import RecordBuffer, decode_by_group, routing_for
+from streamjoin.services.io.templates import ring_plan, ring_templates, stream_templates
+from streamjoin.services.io.transactions import Transactions, exit_if_fenced
 from streamjoin.services.shutdown import Stopped, StopFlag, started
-from streamjoin.services.worker.intake import DeadRecord, RecordBuffer, decode_by_group, routing_for
-from streamjoin.services.worker.main import exit_if_fenced, stream_templates
-from streamjoin.services.worker.output import Deliveries, flush, udf_dead_letters
-from streamjoin.services.worker.processor import late_records
-from streamjoin.services.worker.ring import ring_plan, ring_templates
 from streamjoin.settings import JobSettings
 from streamjoin.state import changelog
 from streamjoin.state import splitjoin as state
+from streamjoin.state import splitjoin_records as core_records
 from streamjoin.state.transaction import Write
 from streamjoin.topology import topics
 
@@ -74,9 +76,9 @@ class Found:
     """A changelog partition's newest checkpoint, its offset, and records of the partition's
     tail (from the checkpoint's `low` on when read for a rebuild)."""
 
-    checkpoint: state.CoreCheckpoint
+    checkpoint: core_records.CoreCheckpoint
     offset: int
-    records: list[state.Record]
+    records: list[core_records.Record]
 
 
 class CoreService:
@@ -92,6 +94,7 @@ class CoreService:
         self.job, self.cluster, self.position, self.id = job, cluster, position, worker_id
         self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
         self.producer = cluster.producer(f"{job.job}-core-{position}")
+        self.transactions = Transactions(self.producer, job.transactions, core=position)
         self.control_out = cluster.producer()
         self.group = f"{job.consumer_group}-core-{position}"
         self.sources = cluster.consumer(self.group)
@@ -128,7 +131,7 @@ class CoreService:
         kafka.wait_for_broker(self.cluster, log)
         topics.ensure(self.cluster.admin(), self.job)
         self.spec = self._spec()
-        kafka.init_transactions(self.producer, log, core=self.position)
+        self.transactions.init()
         self._restore()
 
     def _spec(self) -> state.CoreSpec:
@@ -184,7 +187,7 @@ class CoreService:
         is its transaction's last record, so it is searched for in the tail."""
         topic, group = self.job.core_changelog_topic, f"{self.group}-restore"
         end = kafka.end_offsets(self.cluster, [(topic, partition)], group)[(topic, partition)]
-        tail: list[state.Record] = []
+        tail: list[core_records.Record] = []
         stop, span = end, TAIL_RECORDS
         while stop > 0:
             start = max(0, end - span)
@@ -217,7 +220,7 @@ class CoreService:
                              through=snap.order.next_g)
                     return state.bootstrap(self.spec, snap, pending, end)
             if refs:
-                raise state.SplitJoinStateError(
+                raise core_records.SplitJoinStateError(
                     f"core {self.position} has no checkpoint, yet scale marks {[r.mark_id for r in refs]} gave it a "
                     "share before core 0's snapshots of them: the tuples it stored then are lost (was it started "
                     "after the scale and crashed before its first release, with its changelog gone?)")
@@ -353,7 +356,7 @@ class CoreService:
         meta = CoreMeta(core=self.position, from_g=from_g, through=out.through, punctuation=out.punctuation,
                         watermark=horizon.watermark, retired=out.retired, schedule=schedule_epochs(out.schedule),
                         switches=out.schedule.switches)
-        order_state = state.OrderState.of(self.order)
+        order_state = core_records.OrderState.of(self.order)
         writes = self.clog.writes(self.core, self.order, self.taken)
         self._observe(tuples, out)
         written = (meta.through, meta.punctuation, meta.retired)
@@ -372,7 +375,7 @@ class CoreService:
     def _write(self, out: CoreOutput, meta: CoreMeta, writes: list[Write]) -> None:
         """One transaction, in the order the module docstring gives."""
         self.deliveries.clear()
-        self.producer.begin_transaction()
+        self.transactions.begin()
         for d in self.dead:
             topic = self.job.topic_of(self.job.streams[d.stream])
             self._produce(self.job.dead_letter_topic, d.value, d.key, d.partition % self.job.partitions,
@@ -381,16 +384,16 @@ class CoreService:
         key = f"core-{self.position}".encode()
         for value, headers in encode_core_release(meta, out.results):
             self._produce(self.job.core_output_topic, value, key, self.position, headers)
-        flush(self.producer, self.deliveries)
+        self.transactions.flush(self.deliveries)
         faults.reach("core-output-written")
         for k, v in changelog.records(self.clog.transaction(writes)):
             self._produce(self.job.core_changelog_topic, v, k, self.position, None, self._landed)
-        flush(self.producer, self.deliveries)
+        self.transactions.flush(self.deliveries)
         ck = self.clog.checkpoint(self.core, self.order, self._positions(), meta.punctuation, meta.retired)
-        self._produce(self.job.core_changelog_topic, ck.encode(), state.CHECKPOINT_KEY, self.position, None)
-        flush(self.producer, self.deliveries)
+        self._produce(self.job.core_changelog_topic, ck.encode(), core_records.CHECKPOINT_KEY, self.position, None)
+        self.transactions.flush(self.deliveries)
         faults.reach("core-checkpointed")
-        self._commit()
+        self.transactions.commit()
         metrics.SPLITJOIN_CORE_RELEASES.inc()
         metrics.SPLITJOIN_CORE_RESULTS.inc(len(out.results))
 
@@ -419,30 +422,13 @@ class CoreService:
         else:
             self.clog.landed(msg.key(), msg.offset())
 
-    def _commit(self) -> None:
-        """commit_transaction, retried while the client says the error is retriable."""
-        delay = 0.2
-        for attempt in range(20):
-            try:
-                self.producer.commit_transaction(60)
-                return
-            except KafkaException as e:
-                if not e.args[0].retriable() or attempt == 19:
-                    raise
-                metrics.BROKER_ERRORS.labels("retriable").inc()
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
     def _failed(self, error: KafkaException) -> None:
         """A release that did not commit: fenced (a newer incarnation runs) ends the process;
         anything else is aborted and the core restored from its changelog again."""
         exit_if_fenced(error)
         log.warning("release failed; restoring the core", core=self.position, error=str(error))
         metrics.BROKER_ERRORS.labels("release").inc()
-        try:
-            self.producer.abort_transaction(30)
-        except KafkaException:
-            pass  # nothing open, or the broker is away: init_transactions settled it or the restore waits
+        self.transactions.abort()  # nothing open, or the broker is away: init settled it or the restore waits
         with self.stop_flag.interruptible():
             kafka.wait_for_broker(self.cluster, log)
             self._restore()
@@ -486,18 +472,12 @@ class CoreService:
         beat = control.Heartbeat(worker=self.id, wall_ms=int(time.time() * 1000), state_bytes=self.core.windows.nbytes,
                                  state_tuples=self.core.state_tuples, lag=self.order.held, metrics_url=self.metrics_url)
         self.control_out.produce(self.job.control_topic, value=control.encode(beat), key=self.id.encode(), partition=0,
-                                 on_delivery=_count_failed_delivery)
+                                 on_delivery=count_failed_control_delivery)
         self.control_out.poll(0)
 
 
-def _records(msgs: list[Message]) -> list[state.Record]:
+def _records(msgs: list[Message]) -> list[core_records.Record]:
     return [(m.key(), m.value(), m.offset()) for m in msgs]
-
-
-def _count_failed_delivery(err: KafkaError | None, _msg: Message) -> None:
-    """Delivery report of a heartbeat: a lost one is counted, and the next one retries it."""
-    if err is not None:
-        metrics.BROKER_ERRORS.labels("control-delivery").inc()
 
 
 def run_core(job: JobSettings, cluster: kafka.Cluster, position: int, worker_id: str, metrics_port: int | None) -> None:

@@ -1,4 +1,4 @@
-"""Fuzz target of the query parser (schemas/cql.py), `cql` in tests/fuzz/fuzz.py.
+"""Fuzz target of the query parser (schemas/cql_parse.py), `cql` in tests/fuzz/fuzz.py.
 
 The input bytes are the query text (UTF-8; a byte that is not turns into a lone
 surrogate, so every input is some text). Whatever the text, parse must return a
@@ -10,7 +10,10 @@ QueryError.
 
 from __future__ import annotations
 
-from streamjoin.schemas.cql import QueryError, parse, to_cql, validate
+from streamjoin.schemas.cql_errors import QueryError
+from streamjoin.schemas.cql_parse import parse
+from streamjoin.schemas.cql_print import to_cql
+from streamjoin.schemas.cql_validate import validate
 from streamjoin.settings import StreamSpec
 
 _WINDOW = {"range_ms": 60_000}

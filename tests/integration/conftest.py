@@ -6,7 +6,7 @@ from typing import Iterator
 import pytest
 
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.launcher import Fleet, write_job
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics

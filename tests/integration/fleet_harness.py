@@ -17,7 +17,7 @@ from streamjoin.launcher import Fleet, input_end_offsets, wait_drained, write_jo
 from streamjoin.schemas.control import Heartbeat
 from streamjoin.schemas.results import BatchCommit
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.status import heartbeats_since
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
@@ -102,7 +102,7 @@ def feed_in_two_batches(job: JobSettings, bootstrap: str, fleet: Fleet, rows: li
 
 
 def take_through(worker, ends: dict[tuple[str, int], int]) -> None:  # type: ignore[no-untyped-def]
-    """Take records into an in-process `worker` (services/worker/main.Worker, its consumer
+    """Take records into an in-process `worker` (services/hash/main.Worker, its consumer
     assigned) until its position reaches `ends` on every input partition."""
     deadline = time.monotonic() + 60
     while True:

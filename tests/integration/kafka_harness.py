@@ -11,11 +11,13 @@ from typing import Callable
 from confluent_kafka import Producer
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join, reference_outer_join
-from streamjoin.schemas.result_codec import decode_results, result_layout
+from streamjoin.schemas.join_keys import key_bytes
+from streamjoin.schemas.result_decode import decode_results
+from streamjoin.schemas.result_format import result_layout
 from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, decode_commit, decode_headers
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
-from streamjoin.topology.partitioner import key_bytes, partition_for
+from streamjoin.topology.partitioner import partition_for
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from confluent_kafka import Producer
 from streamjoin.launcher import Fleet
 from streamjoin.schemas.splitjoin import mark_of
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
 from tests.integration.kafka_harness import Check, read_all
 

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 from streamjoin.launcher import Fleet, wait_drained, write_job
+from streamjoin.schemas.join_keys import key_bytes
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
-from streamjoin.topology.partitioner import key_bytes
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import check
 from tests.integration.nemesis import (HEARTBEAT_TIMEOUT_MS, WORKER_TIMEOUT_MS, Fault, Feeder, Nemesis, Outcome,

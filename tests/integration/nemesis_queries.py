@@ -35,7 +35,7 @@ import httpx
 
 from streamjoin.launcher import write_job
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.queries.registry import Registry
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics

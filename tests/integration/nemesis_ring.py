@@ -26,7 +26,7 @@ from streamjoin.launcher import Fleet, wait_layout, wait_ring_quiet, write_job
 from streamjoin.schemas.control import RING_FENCED_EXIT
 from streamjoin.schemas.results import RoundRelease
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.status import latest_heartbeats
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics

@@ -14,7 +14,7 @@ from streamjoin.engine.predicates import UdfFailure, compile_terms
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
 from streamjoin.schemas.splitjoin import mark_of
 from streamjoin.schemas.results import H_OFFSET, H_REASON, H_TOPIC, RoundRelease, decode_headers
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
 from tests.integration.kafka_harness import Check, commits, produced_refs, read_all
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from streamjoin.engine.reference import ThetaTuple, theta_order
 from streamjoin.launcher import Fleet, write_job
-from streamjoin.schemas.result_codec import decode_results, result_layout
+from streamjoin.schemas.result_decode import decode_results
+from streamjoin.schemas.result_format import result_layout
 from streamjoin.schemas.results import RoundRelease
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
 from tests.integration.kafka_harness import commits
@@ -20,7 +21,7 @@ from tests.integration.kafka_harness import commits
 
 def band_job(bootstrap: str, tmp_path: Path, window_ms: int, within: tuple[float, float], cores: int,
              max_cores: int, **over: object) -> JobSettings:
-    """Seed 001's band join in splitjoin mode, two partitions per stream, with bands `within`
+    """The SplitJoin paper's band join in splitjoin mode, two partitions per stream, with bands `within`
     (r.x to s.a, r.y to s.b) wide enough for a few thousand results; `over` replaces sections."""
     window = {"range_ms": window_ms}
     settings: dict[str, object] = {

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from streamjoin.launcher import wait_drained
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job, on_the_same_inputs
 from tests.integration.fleet_harness import metric

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from streamjoin.cli import default_job_file
+from streamjoin.job_files import default_job_file
 from streamjoin.settings import load
 from tests.integration.spark_output import named_log, noise, spark_lines
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.topology import topics
 from streamjoin.services.coordinator.status import snapshot
 from streamjoin.launcher import wait_drained

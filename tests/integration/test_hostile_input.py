@@ -15,10 +15,10 @@ from collections import Counter
 import pytest
 
 from streamjoin.launcher import wait_drained, wait_layout, wait_ring_quiet
+from streamjoin.schemas.join_keys import key_bytes
 from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, decode_headers
-from streamjoin.services import kafka
-from streamjoin.services.worker.intake import STREAM_HEADER
-from streamjoin.topology.partitioner import key_bytes
+from streamjoin.services.io import kafka
+from streamjoin.services.io.intake import STREAM_HEADER
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import Row, check, produce, read_all
 from tests.integration.ring_harness import check_ring, produce_rows

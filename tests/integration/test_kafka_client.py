@@ -1,4 +1,4 @@
-"""services/kafka.py's client helpers against the embedded broker."""
+"""services/io/kafka.py's client helpers against the embedded broker."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ import pytest
 from streamjoin.launcher import wait_drained
 from streamjoin.schemas.control import FIRST_EPOCH
 from streamjoin.schemas.results import BatchCommit
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.status import snapshot
 from streamjoin.services.faults import marker_dir
 from tests.integration.conftest import make_job
@@ -177,8 +177,8 @@ def test_a_paused_worker_is_fenced_when_its_groups_fail_over(broker, fleet_for, 
 
 
 def test_adaptive_coordinator_scales_in_an_idle_job_through_the_protocol(broker, fleet_for, tmp_path: Path) -> None:
-    """coordinator.placement: adaptive on a light load: no worker is a supplier, so seed 000's
-    degree of declustering shrinks: the worker with the least state is drained to standby
+    """coordinator.placement: adaptive on a light load: no worker is a supplier, so the cluster join
+    paper's degree of declustering shrinks: the worker with the least state is drained to standby
     by moves the coordinator starts itself; the output stays exact."""
     job, fleet, steady = _under_load(broker, fleet_for, tmp_path, 2, PARTITIONS_SMALL,
                                      {"placement": "adaptive", "reorg_epoch_ms": 2000, "scale_cooldown_ms": 1000})
@@ -201,7 +201,7 @@ def test_adaptive_coordinator_scales_in_an_idle_job_through_the_protocol(broker,
     assert result.expected > 200
 
 
-# Every step of the protocol a process can die at (settings.job.CRASH_STEPS), in the order one
+# Every step of the protocol a process can die at (settings.dev.CRASH_STEPS), in the order one
 # move reaches them: the coordinator after storing the move, the sender after its last
 # transaction, the coordinator after storing the release, the receiver after restoring the
 # changelog and after replaying, before the heartbeat that ends the move.

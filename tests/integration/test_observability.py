@@ -16,15 +16,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.broker import free_port
 from streamjoin.cli import app
 from streamjoin.launcher import wait_drained, write_job
+from streamjoin.schemas.join_keys import key_bytes
+from streamjoin.topology.partitioner import partition_for
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import wait_heartbeats
 from tests.integration.kafka_harness import Row, produce, read_all
 from tests.integration.test_hash_join import rows_out_of_order
-from streamjoin.topology.partitioner import key_bytes, partition_for
 
 pytestmark = pytest.mark.integration
 OPS = Path(__file__).resolve().parents[2] / "ops" / "prometheus"

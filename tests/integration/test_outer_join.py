@@ -31,7 +31,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamjoin.launcher import Fleet, wait_drained, write_job
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.status import snapshot
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics

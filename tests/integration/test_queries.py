@@ -1,4 +1,4 @@
-"""The query service end to end (issue 13): 20 overlapping queries registered one by one
+"""The query service end to end: 20 overlapping queries registered one by one
 through the HTTP API while data flows, 5 dropped, the service restarted in between; every
 query's sink topic is checked exact against that query alone (the plain-Python reference:
 its own selections, windows and event-time barriers).
@@ -29,16 +29,16 @@ from confluent_kafka import Producer, TopicPartition
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
 from streamjoin.launcher import wait_drained, write_job
-from streamjoin.schemas import cql
-from streamjoin.schemas.result_codec import decode_results
+from streamjoin.schemas import cql_validate
+from streamjoin.schemas.result_decode import decode_results
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.queries.api import RegisterRequest, create_app
 from streamjoin.services.queries.registry import Registry
 from streamjoin.services.queries.router import Router, sink_layout
 from streamjoin.services.queries.service import ReuseService
-from streamjoin.services.worker.intake import H_ORIGIN_PARTITION
-from streamjoin.services.worker.output import flush
+from streamjoin.services.io.intake import H_ORIGIN_PARTITION
+from streamjoin.services.io.deliveries import flush
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics
 from tests.integration.kafka_harness import dead_letters, read_all
@@ -151,7 +151,7 @@ def random_query(rng: random.Random) -> str:
 
 def expected(job: JobSettings, view: dict, produced: Produced) -> set[tuple]:
     """The query alone: the reference join of its own filtered sources, windows and barriers."""
-    query = cql.compile_query(view["sql"], job.streams)
+    query = cql_validate.compile_query(view["sql"], job.streams)
     wanted = {s.column: s.values for s in query.selections}
     streams, windows = [], []
     keys = {c.stream: c.field for members in query.join_classes for c in members}
@@ -172,7 +172,7 @@ def expected(job: JobSettings, view: dict, produced: Produced) -> set[tuple]:
 
 def sink_results(job: JobSettings, bootstrap: str, view: dict) -> list[tuple]:
     """Every result record on the query's sink, as member refs in FROM order."""
-    query = cql.compile_query(view["sql"], job.streams)
+    query = cql_validate.compile_query(view["sql"], job.streams)
     catalog = {s.name: s for s in job.streams}
     layout = sink_layout(job, query, view["id"])
     cluster = kafka.Cluster(bootstrap)

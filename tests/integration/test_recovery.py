@@ -1,4 +1,4 @@
-"""Recovery (services/worker/recovery.py) on the embedded broker: a batch decided but
+"""Recovery (services/hash/recovery.py) on the embedded broker: a batch decided but
 only partly written is completed exactly once; a broker slow to answer fetches does
 not turn recovery's reads to the end of a partition into partial reads."""
 
@@ -13,11 +13,12 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from streamjoin.launcher import committed_offsets, input_end_offsets, wait_drained
-from streamjoin.services import kafka, metrics
-from streamjoin.services.worker.main import Worker
-from streamjoin.services.worker.output import flush
-from streamjoin.services.worker.processor import GroupBatch, run_cycle
-from streamjoin.services.worker.recovery import recover_groups
+from streamjoin.services import metrics
+from streamjoin.services.io import kafka
+from streamjoin.services.hash.main import Worker
+from streamjoin.services.io.deliveries import flush
+from streamjoin.services.hash.processor import GroupBatch, run_cycle
+from streamjoin.services.hash.recovery import recover_groups
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import check, produce, produced_refs
@@ -71,7 +72,7 @@ def _die_after_writing_part(worker: Worker, batches: list[GroupBatch], partial: 
     worker.emitter.results.write(partial.results.filter(mask), group=partial.group)
     producer.commit_transaction(30)  # committed, so visible on any broker, not only on Tansu
     worker.consumer.close()
-    worker.store.store.close()
+    worker.store.rocksdb.close()
 
 
 def test_replay_writes_the_missing_results_once_and_commits_the_offsets(broker, tmp_path: Path) -> None:
@@ -96,7 +97,7 @@ def test_replay_writes_the_missing_results_once_and_commits_the_offsets(broker, 
         assert all(alive.store.get(g).checkpoint.seq == 1 for g in groups)
     finally:
         alive.consumer.close()
-        alive.store.store.close()
+        alive.store.rocksdb.close()
     assert _counter("streamjoin_recovered_batches_total") - replayed == len(batches)
     assert _counter("streamjoin_recoveries_total") - recoveries == 1
 
@@ -130,7 +131,7 @@ def test_an_offset_read_back_behind_a_committed_batch_is_committed_again(broker,
         assert _counter("streamjoin_offsets_recommitted_total", {"reason": "lost"}) - lost == 1
     finally:
         worker.consumer.close()
-        worker.store.store.close()
+        worker.store.rocksdb.close()
 
 
 def _started(worker: Worker) -> Worker:

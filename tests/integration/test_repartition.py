@@ -21,9 +21,10 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from streamjoin.launcher import wait_drained
-from streamjoin.services import kafka
+from streamjoin.schemas.join_keys import key_bytes
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
-from streamjoin.topology.partitioner import key_bytes, partition_for
+from streamjoin.topology.partitioner import partition_for
 from tests.integration.conftest import make_job
 from tests.integration.kafka_harness import Row, check, dead_letters, read_all
 

@@ -1,4 +1,4 @@
-"""State any worker can load (services/worker/restore.py) on the embedded broker: a
+"""State any worker can load (services/hash/restore.py) on the embedded broker: a
 worker with an empty disk rebuilds groups another worker wrote from the changelog, equal
 to the writer's windows, reading records in proportion to the window and not to the
 job's age. Restore times are printed for the log; the assertions are on records read."""
@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 from streamjoin.launcher import input_end_offsets
-from streamjoin.services import kafka, metrics
-from streamjoin.services.worker.main import Worker, stream_templates
-from streamjoin.services.worker import restore
-from streamjoin.services.worker.restore import restore_groups
+from streamjoin.services import metrics
+from streamjoin.services.io import kafka
+from streamjoin.services.hash.main import Worker
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash import restore
+from streamjoin.services.hash.restore import restore_groups
 from streamjoin.settings import JobSettings, load
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -59,7 +61,7 @@ def _restore_elsewhere(job: JobSettings, cluster: kafka.Cluster, writer: Worker,
         assert [fresh.get(g).checkpoint for g in range(GROUPS)] == [writer.store.get(g).checkpoint
                                                                      for g in range(GROUPS)]
     finally:
-        fresh.store.close()
+        fresh.rocksdb.close()
     read = int(metrics.REGISTRY.get_sample_value("streamjoin_changelog_records_total", {"op": "read"}) - before)
     print(f"restore: window {job.streams[0].window.range_ms} ms, {writer.store.get(0).checkpoint.seq} batches: "
           f"{read} changelog records in {seconds * 1000:.0f} ms")
@@ -91,7 +93,7 @@ def test_restore_reads_grow_with_the_window_not_with_the_jobs_age(broker, tmp_pa
                     reads[(window_ms, n)] = _restore_elsewhere(job, cluster, writer, tmp_path / f"fresh{window_ms}-{n}")
         finally:
             writer.consumer.close()
-            writer.store.store.close()
+            writer.store.rocksdb.close()
     young, old = reads[(WINDOWS_MS[0], AGES[0])], reads[(WINDOWS_MS[0], AGES[1])]
     assert 0 < old <= 1.5 * young, reads  # three times the age, about the same reading
     assert reads[(WINDOWS_MS[1], AGES[1])] >= 2 * old, reads  # four times the window, more than twice the reading

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.launcher import Fleet, wait_layout, wait_ring_quiet, write_job
 from streamjoin.settings import JobSettings, load
 from tests.integration.ring_harness import band_rows, check_ring, produce_rows

@@ -20,7 +20,7 @@ import pytest
 
 from streamjoin.launcher import Fleet, wait_layout, wait_ring_quiet
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.status import latest_heartbeats, snapshot
 from streamjoin.settings import JobSettings
 from tests.integration.ring_harness import band_rows, check_ring

@@ -1,4 +1,4 @@
-"""Issue 9 through the real parts: watermarks that do not depend on fetch order, idle
+"""Ring safety through the real parts: watermarks that do not depend on fetch order, idle
 inputs, and (ring.recovery off) a restarted ring node fenced instead of corrupting output."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from streamjoin.launcher import (Fleet, committed_offsets, input_end_offsets, wa
 from streamjoin.schemas.control import RING_FENCED_EXIT, Heartbeat
 from streamjoin.schemas.results import BatchCommit
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.status import latest_heartbeats, snapshot
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import wait_heartbeats, wait_until

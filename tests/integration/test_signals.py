@@ -15,7 +15,7 @@ import pytest
 
 from streamjoin.launcher import Fleet, wait_drained
 from streamjoin.schemas import control
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.shutdown import GRACE_S
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import metric, proxied_fleet, wait_metric, wait_until

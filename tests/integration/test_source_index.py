@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.queries.source_index import SourceIndex
 from streamjoin.settings import load
 from streamjoin.topology import topics

@@ -21,7 +21,7 @@ from streamjoin.launcher import write_job
 from streamjoin.engine.reference import RefTuple, RefWindow, TupleRef, reference_join
 from streamjoin.schemas.results import dead_letter_headers
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.spark.kafka_source import NAME as KAFKA
 from streamjoin.services.spark.sources import run_sources
 from streamjoin.services.spark.verify import run_verify

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from streamjoin.launcher import wait_drained
-from streamjoin.services import kafka
+from streamjoin.schemas.join_keys import key_bytes
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.status import heartbeats_since
 from streamjoin.services.faults import marker_dir
-from streamjoin.topology.partitioner import key_bytes, partition_for
+from streamjoin.topology.partitioner import partition_for
 from tests.integration.conftest import make_job
 from tests.integration.fleet_harness import metric
 from tests.integration.kafka_harness import Row, assert_spark_verified, check, produce

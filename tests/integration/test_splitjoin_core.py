@@ -24,7 +24,8 @@ import requests
 from streamjoin.launcher import write_job
 from streamjoin.schemas.splitjoin import decode_core_release
 from streamjoin.services import broker as embedded
-from streamjoin.services import faults, kafka
+from streamjoin.services import faults
+from streamjoin.services.io import kafka
 from streamjoin.services.broker import free_port
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics

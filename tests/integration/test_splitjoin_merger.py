@@ -19,11 +19,13 @@ import requests
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import result_head
 from streamjoin.schemas.codecs import encode_block
-from streamjoin.schemas.result_codec import decode_results, result_layout
+from streamjoin.schemas.result_decode import decode_results
+from streamjoin.schemas.result_format import result_layout
 from streamjoin.schemas.results import RoundRelease, decode_commit
 from streamjoin.schemas.splitjoin import CORE_HEADER, CoreMeta, encode_core_release
 from streamjoin.services import broker as embedded
-from streamjoin.services import faults, kafka
+from streamjoin.services import faults
+from streamjoin.services.io import kafka
 from streamjoin.services.splitjoin.merger import MergerCheckpoint
 from streamjoin.launcher import write_job
 from streamjoin.settings import JobSettings, load
@@ -88,7 +90,7 @@ def produce(job: JobSettings, bootstrap: str, records: dict[int, list[tuple[byte
 
 
 def start_merger(job_file: Path, port: int, log: Path) -> subprocess.Popen:
-    code = ("from streamjoin.settings import load; from streamjoin.services import kafka; "
+    code = ("from streamjoin.settings import load; from streamjoin.services.io import kafka; "
             "from streamjoin.services.splitjoin.merger import run_merger; "
             f"job = load({str(job_file)!r}); run_merger(job, kafka.Cluster.of(job), {port})")
     return subprocess.Popen([sys.executable, "-c", code], stdout=log.open("ab"), stderr=subprocess.STDOUT)

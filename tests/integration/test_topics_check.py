@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from typer.testing import CliRunner
 
 from streamjoin.cli import app
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.broker import EmbeddedBroker
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology import topics

@@ -18,7 +18,7 @@ from streamjoin.engine.psp.messages import Build, Message, Probe
 from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.plan import RingPlan, RingStream, count_column
 from streamjoin.engine.psp.recovery import LoggedRound, Redrive, rebuild, slice_ranges
-from streamjoin.engine.psp.slices import G, SSEQ
+from streamjoin.engine.psp.slices import GLOBAL_SEQ, STREAM_SEQ
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
 
 FIELDS = ("x", "y")
@@ -47,7 +47,7 @@ def block_of(arrivals: list[Arrival]) -> Block:
 
 
 def template(m: int) -> Block:
-    cols = dict(block_of([]).columns) | {G: np.empty(0, np.int64), SSEQ: np.empty(0, np.int64)}
+    cols = dict(block_of([]).columns) | {GLOBAL_SEQ: np.empty(0, np.int64), STREAM_SEQ: np.empty(0, np.int64)}
     return Block(cols | {count_column(k): np.empty(0, np.int64) for k in range(m)})
 
 
@@ -95,7 +95,7 @@ class Ring:
             refs = [tuple((f"t{i}", int(p[r]), int(o[r])) for i, (p, o) in enumerate(cols)) for r in range(len(res))]
             self.results += [ref for ref in refs if ref not in self.written]  # the writer skips written ids
         for _, rows, _ in out.failures.entries:
-            self.failed |= {int(g) for g in rows[G]}
+            self.failed |= {int(g) for g in rows[GLOBAL_SEQ]}
         if out.round_done is not None:
             self.planner.on_done(out.round_done.round)
 

@@ -1,6 +1,6 @@
 """Result records and commit records as workers write them, for tests of readers:
 results given by their refs become a result block (the engine's columns and
-dtypes) and go through the workers' own encoders (schemas.result_codec)."""
+dtypes) and go through the workers' own encoders (schemas.result_encode)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import result_head, result_id_hex, result_ids
-from streamjoin.schemas import result_codec
+from streamjoin.schemas import result_encode, result_format
 from streamjoin.schemas.results import BatchCommit, RoundRelease, ref_columns
 from streamjoin.settings import JobSettings
 
@@ -56,9 +56,9 @@ def encode(job: JobSettings, results: list[Result]) -> list[bytes]:
     """The result records of `results` in the job's output.format, as a worker writes them."""
     block = result_block(job, results)
     if job.output.format == "blocks":
-        return result_codec.encode_blocks(block)
-    layout = result_codec.result_layout(job)
-    return (result_codec.encode_json if job.output.format == "json" else result_codec.encode_avro)(layout, block)
+        return result_encode.encode_blocks(block)
+    layout = result_format.result_layout(job)
+    return (result_encode.encode_json if job.output.format == "json" else result_encode.encode_avro)(layout, block)
 
 
 def batch_commit(group: int, watermark: int, seq: int = 0) -> bytes:

@@ -1,6 +1,6 @@
-"""The adaptive placement policy (services/coordinator/adapt.py): seed 000's load balancing and
-degree of declustering, seed 003's memory balancing and its disk adaptations, rule by rule on hand-built epochs, then as
-Hypothesis properties over random ones; and the dry run that reports it
+"""The adaptive placement policy (services/coordinator/adapt.py): the cluster join paper's load
+balancing and degree of declustering, the spill paper's memory balancing and its disk adaptations, rule by rule
+on hand-built epochs, then as Hypothesis properties over random ones; and the dry run that reports it
 (services/coordinator/rebalance.py)."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from confluent_kafka import Message
 from hypothesis import given, settings as hsettings, strategies as st
 
 from streamjoin.schemas import control
-from streamjoin.services import kafka
-from streamjoin.services.coordinator.adapt import (
-    DEFAULT_PUSH_FRACTION, History, Plan, PushOrder, WorkerObservation, classify, half_the_gap, occupancy,
-    output_rates, plan_epoch,
-)
+from streamjoin.services.io import kafka
+from streamjoin.services.coordinator.adapt import DEFAULT_PUSH_FRACTION, plan_epoch
+from streamjoin.services.coordinator.epoch import DISK_RULE, LOAD_RULE, History, Plan, PushOrder, WorkerObservation
+from streamjoin.services.coordinator.load_balance import classify, occupancy
+from streamjoin.services.coordinator.memory_balance import half_the_gap, output_rates
 from streamjoin.services.coordinator.rebalance import dry_run, grown, observe
-from streamjoin.services.worker.intake import RecordBuffer
-from streamjoin.services.worker.main import Worker
+from streamjoin.services.io.intake import RecordBuffer
+from streamjoin.services.hash.main import Worker
 from streamjoin.settings import CoordinatorSpec, load
 from tests.profiles import examples
 
@@ -47,7 +47,7 @@ IDLE = 0  # occupancy 0: a consumer
 BUSY = MIB // 4  # occupancy 0.25: neutral
 
 
-# ------------------------------------------------------------------ load signal (seed 000 IV-C)
+# ------------------------------------------------------------------ load signal (cluster join paper IV-C)
 def test_occupancy_is_the_epochs_mean_backlog_over_the_buffer() -> None:
     assert occupancy((0, MIB), MIB) == 0.5
     assert occupancy((3 * MIB,), MIB) == 3.0  # Kafka holds more than a bounded buffer would
@@ -62,7 +62,7 @@ def test_supplier_above_half_consumer_below_one_percent_else_neutral() -> None:
     assert classify(None, DEFAULTS) == "neutral"  # nothing observed says neither
 
 
-# ------------------------------------------------------------------ load balancing (seed 000 IV-C)
+# ------------------------------------------------------------------ load balancing (cluster join paper IV-C)
 def test_a_supplier_yields_one_group_to_a_consumer() -> None:
     p = plan([active("a", HOT, {1: 10, 2: 20, 3: 30}), active("b", IDLE, {4: 10}), active("c", BUSY, {5: 10})])
     assert p.load_class == {"a": "supplier", "b": "consumer", "c": "neutral"}
@@ -107,7 +107,7 @@ def test_dead_workers_neither_give_nor_take() -> None:
     assert "b" not in p.load_class
 
 
-# ------------------------------------------------------------------ degree of declustering (seed 000 V-A)
+# ------------------------------------------------------------------ degree of declustering (cluster join paper V-A)
 def test_scale_out_when_suppliers_exceed_lambda_times_consumers() -> None:
     workers = [active("a", HOT, {1: 1, 2: 1}), active("b", HOT, {3: 1, 4: 1}), active("c", IDLE, {5: 1}),
                standby("s1"), standby("s0")]
@@ -143,10 +143,10 @@ def test_scaling_waits_for_its_cool_down() -> None:
     assert plan(hot, recent).scale is None and plan(hot).scale is not None
 
 
-# ------------------------------------------------------------------ memory balancing (seed 003 5.1-5.2)
+# ------------------------------------------------------------------ memory balancing (spill paper 5.1-5.2)
 def neutral_pair(full: dict[int, int], empty: dict[int, int]) -> list[WorkerObservation]:
     """Two neutral workers (one has a supplier's backlog, the other a consumer's would trigger
-    seed 000), so only memory balancing can act."""
+    load balancing), so only memory balancing can act."""
     return [active("full", BUSY, full), active("empty", BUSY, empty)]
 
 
@@ -323,7 +323,7 @@ def test_cool_downs_hold_over_a_run_of_epochs(runs: list, gaps: list[int]) -> No
     assert all(b - a >= settings.memory_balance_interval_ms for a, b in zip(balanced, balanced[1:]))
 
 
-# ------------------------------------------------------------------ disk adaptation (seed 003 6)
+# ------------------------------------------------------------------ disk adaptation (spill paper 6)
 COOLED = History(last_scale_ms=NOW)  # so a scale-in does not take the epoch
 
 
@@ -343,8 +343,8 @@ def test_lazy_disk_never_moves_a_group_with_generations_on_disk() -> None:
     lazy = plan(workers, COOLED)
     # half the gap is 400: group 1 would fit exactly, but it is on disk; 2 (300) then 4 (100) come closest
     assert lazy.adaptation == "memory" and [m.group for m in lazy.moves] == [2, 4]
-    assert "seed 003 6" in lazy.moves[0].why and "restriction 2" in lazy.moves[0].why
-    assert [m.group for m in plan(workers, COOLED, disk_adaptation="local").moves] == [1]  # today's choice
+    assert DISK_RULE in lazy.moves[0].why and "restriction 2" in lazy.moves[0].why
+    assert [m.group for m in plan(workers, COOLED, disk_adaptation="local").moves] == [1]  # local's choice
 
 
 def test_lazy_disk_says_so_when_only_spilled_groups_could_narrow_the_gap() -> None:
@@ -430,7 +430,7 @@ def test_active_disk_orders_the_slowest_worker_to_push() -> None:
     # M_q = 2000, M_c = 1600: min(0.3 x 1000, 400) = 300
     assert p.push == PushOrder("slow", 300, p.push.why) and p.adaptation == "disk" and p.moves == ()  # type: ignore
     why = p.push.why  # type: ignore[union-attr]
-    assert "seed 003 6" in why and "theta_f 2.0" in why and "M_q - M_c = 2000 - 1600" in why
+    assert DISK_RULE in why and "theta_f 2.0" in why and "M_q - M_c = 2000 - 1600" in why
     assert active_disk(rated(8000, 0)).push.worker == "slow"  # type: ignore[union-attr]  # Min_rate 0: diverged
 
 
@@ -514,7 +514,7 @@ def disk_epochs(draw: st.DrawFn) -> tuple[list[WorkerObservation], CoordinatorSp
 
 @st.composite
 def rate_epochs(draw: st.DrawFn) -> tuple[list[WorkerObservation], CoordinatorSpec, History, int, float]:
-    """Epochs where seed 000 has nothing to do (neutral backlogs, scaling cooling down), so memory
+    """Epochs where load balancing has nothing to do (neutral backlogs, scaling cooling down), so memory
     balancing and active-disk's output rates decide: many of them push."""
     groups = iter(range(1000))
     observations = []
@@ -604,13 +604,13 @@ def test_dry_run_reports_workers_and_the_plan_with_reasons() -> None:
     assert rows["b"]["class"] == "consumer" and rows["c"]["class"] == "standby" and rows["c"]["role"] == "standby"
     (move,) = report["plan"]["moves"]
     assert (move["from"], move["to"], move["reason"]) == ("a", "b", "load") and move["group"] in (0, 1, 2)
-    assert "seed 000" in move["why"] and report["plan"]["adaptation"] == "load"
+    assert LOAD_RULE in move["why"] and report["plan"]["adaptation"] == "load"
 
 
 def test_the_hash_workers_heartbeat_carries_its_backlog_and_group_bytes(tmp_path: Path, monkeypatch) -> None:
     """What the worker knows cheaply: fetched-but-unjoined bytes, the consumer lag priced at the
     mean record size, and the window bytes of each owned group."""
-    job = load("streamjoin/jobs/seed000.yaml", bootstrap="127.0.0.1:1",
+    job = load("streamjoin/jobs/equijoin.yaml", bootstrap="127.0.0.1:1",
                worker={"state_dir": str(tmp_path / "state")})
     w = Worker(job, kafka.Cluster("127.0.0.1:1"), "w0", metrics_port=0)
     sent: list[bytes] = []
@@ -630,14 +630,14 @@ def test_the_hash_workers_heartbeat_carries_its_backlog_and_group_bytes(tmp_path
     assert beat.lag == 4 and beat.backlog_bytes == 7 + 3 * 50
     assert beat.group_bytes == {4: 0, 9: 0}  # owned, not read yet
     assert beat.group_results == {9: 12}
-    w.store.store.close()
+    w.store.rocksdb.close()
 
 
 def test_the_dry_run_reads_the_placement_and_an_epoch_of_heartbeats(monkeypatch) -> None:
     """read_dry_run's wiring: the stored placement, heartbeats of max(epoch, heartbeat timeout)."""
     from streamjoin.services.coordinator import rebalance
 
-    job = load("streamjoin/jobs/seed000.yaml", coordinator={"reorg_epoch_ms": 5_000, "heartbeat_timeout_ms": 8_000})
+    job = load("streamjoin/jobs/equijoin.yaml", coordinator={"reorg_epoch_ms": 5_000, "heartbeat_timeout_ms": 8_000})
     asked: list[float] = []
 
     def heartbeats_since(job: object, cluster: object, window_s: float) -> list[control.Heartbeat]:
@@ -687,7 +687,7 @@ def test_dry_run_shows_a_push_order() -> None:
                    {"name": n, "fields": {"k": "int", "ts": "int"}, "time_field": "ts", "key_fields": ["k"],
                     "window": {"range_ms": 1000}} for n in "rs"])
     placement = {0: "fast", 1: "fast", 2: "slow", 3: "slow"}
-    beats = []  # both suppliers, no consumer and no standby: seed 000 can do nothing, memory is balanced
+    beats = []  # both suppliers, no consumer and no standby: load balancing can do nothing, memory is balanced
     for worker, groups, rate in (("fast", {0: 500, 1: 500}, 8000), ("slow", {2: 500, 3: 500}, 1000)):
         for i, t in enumerate((NOW - 10_000, NOW - 100)):
             beats.append(control.Heartbeat(worker=worker, wall_ms=t, groups=sorted(groups), group_bytes=groups,
@@ -700,7 +700,7 @@ def test_dry_run_shows_a_push_order() -> None:
     push = report["plan"]["push"]
     # M_q - M_c = 2000 - 1200 = 800; 0.5 x 1000 = 500
     assert report["plan"]["adaptation"] == "disk" and (push["worker"], push["bytes"]) == ("slow", 500)
-    assert "seed 003 6" in push["why"] and report["plan"]["moves"] == []
+    assert DISK_RULE in push["why"] and report["plan"]["moves"] == []
 
 
 def test_the_coordinator_sends_a_push_order_on_the_control_topic(monkeypatch) -> None:
@@ -720,10 +720,10 @@ def test_the_coordinator_sends_a_push_order_on_the_control_topic(monkeypatch) ->
         "produce": lambda self, topic, value, key, partition: sent.append((topic, key, value)),
         "poll": lambda self, t: 0})())
     before = metrics.PUSH_ORDERS._value.get()
-    coordinator._start_plan(Plan(NOW, {}, {}, push=PushOrder("b", 300, "slowest (seed 003 6)")))
+    coordinator._start_plan(Plan(NOW, {}, {}, push=PushOrder("b", 300, "slowest (spill paper, section 6)")))
     ((topic, key, value),) = sent
     assert topic == job.control_topic and key == b"push-groups"
-    assert control.decode_control(value) == control.PushGroups(worker="b", bytes=300, why="slowest (seed 003 6)")
+    assert control.decode_control(value) == control.PushGroups(worker="b", bytes=300, why="slowest (spill paper, section 6)")
     assert metrics.PUSH_ORDERS._value.get() == before + 1
     assert coordinator.history.last_push_ms == NOW and not coordinator.history.in_flight
     assert not coordinator.moves.moving

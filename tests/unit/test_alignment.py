@@ -1,5 +1,5 @@
-"""Event-time aligned intake's decision (services/worker/alignment.py) and the adaptive
-batch interval (services/worker/main.next_interval_ms), without a broker."""
+"""Event-time aligned intake's decision (services/hash/alignment.py) and the adaptive
+batch interval (services/hash/main.next_interval_ms), without a broker."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from streamjoin.engine.window_join import NO_TIME
-from streamjoin.services.worker.alignment import paused_streams
-from streamjoin.services.worker.main import next_interval_ms
+from streamjoin.services.hash.alignment import paused_streams
+from streamjoin.services.hash.main import next_interval_ms
 from streamjoin.settings import load
 from tests.profiles import examples
 
@@ -41,7 +41,7 @@ def test_a_stream_not_seen_yet_holds_back_the_others_only_while_it_has_records()
 
 
 def test_the_batch_interval_follows_the_batch_time_within_its_bounds() -> None:
-    job = load("streamjoin/jobs/seed000.yaml", worker={"batch_ms": 200, "min_batch_ms": 10})
+    job = load("streamjoin/jobs/equijoin.yaml", worker={"batch_ms": 200, "min_batch_ms": 10})
     assert next_interval_ms(job, 0.001) == 10  # light input: small batches, soon
     assert next_interval_ms(job, 0.030) == 30  # the batch's own time: the next starts once it is committed
     assert next_interval_ms(job, 5.0) == 200  # a backlog: the longest interval, fewest transactions

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from streamjoin.bench import band
+from streamjoin.bench import band, band_workload
 from streamjoin.cli import app
 
 runner = CliRunner()
@@ -45,18 +45,18 @@ def test_band_and_psp_resolve_without_pyspark() -> None:
 
 @pytest.mark.parametrize("text,sizes", [("1,2,4", (1, 2, 4)), (" 4, 1,2,2", (1, 2, 4)), ("3", (3,))])
 def test_nodes_parse_to_distinct_ascending_sizes(text: str, sizes: tuple[int, ...]) -> None:
-    assert band.parse_nodes(text) == sizes
+    assert band_workload.parse_nodes(text) == sizes
 
 
 @pytest.mark.parametrize("text", ["", "0", "1,,2", "a", "1.5", "-1,2", "65", "1;2"])
 def test_bad_nodes_are_rejected(text: str) -> None:
     with pytest.raises(ValueError, match="--nodes"):
-        band.parse_nodes(text)
+        band_workload.parse_nodes(text)
 
 
-@pytest.mark.parametrize("plan", [band.QUICK, band.FULL])
-def test_scaling_plan_runs_the_time_window_at_each_size(plan: band.Plan) -> None:
-    scaled = band.scaling_plan(plan, (1, 2, 4))
+@pytest.mark.parametrize("plan", [band_workload.QUICK, band_workload.FULL])
+def test_scaling_plan_runs_the_time_window_at_each_size(plan: band_workload.Plan) -> None:
+    scaled = band_workload.scaling_plan(plan, (1, 2, 4))
     case = plan.runs[0][0]
     assert case.kind == "time"
     assert scaled.runs == ((case, 1), (case, 2), (case, 4))

@@ -1,4 +1,4 @@
-"""`streamjoin bench spill --quick`, as a user runs it: seed 003's four spill experiments on
+"""`streamjoin bench spill --quick`, as a user runs it: the spill paper's four experiments on
 in-process workers (no broker), each policy beside its counterpart on the same input; the JSON's
 shape, every experiment exact (both runs' totals equal, every generation cleaned up), the PNGs,
 and Figure 11's direction: pushing the most productive groups leaves more to the clean-up."""

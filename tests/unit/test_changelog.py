@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamjoin.services.worker.main import stream_templates
-from streamjoin.services.worker.processor import join_plan
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash.processor import join_plan
 from streamjoin.state import changelog
 from streamjoin.state.changelog import CHUNK_BYTES, Image, base_key
 from streamjoin.state.partition import checkpoint_key
@@ -58,7 +58,7 @@ def test_a_window_rebuilt_from_its_changelog_low_mark_equals_the_one_in_memory(t
 
     _feed(job, store, GROUP, batches=14, after_each=after_each)
     assert lows == sorted(lows) and lows[-1] > 0  # old batches' records are no longer read
-    store.store.close()
+    store.rocksdb.close()
 
 
 def _log_and_rebuild(log: _Log, store: WindowedStore, tx: StateTransaction, path: Path, job) -> WindowedStore:
@@ -73,7 +73,7 @@ def _log_and_rebuild(log: _Log, store: WindowedStore, tx: StateTransaction, path
     assert _snapshot(rebuilt.window) == _snapshot(state.window)
     assert rebuilt.checkpoint == state.checkpoint and rebuilt.stored == state.stored
     assert rebuilt.changelog_low(rebuilt.checkpoint.seq + 1) >= state.checkpoint.changelog_low
-    fresh.store.close()
+    fresh.rocksdb.close()
     return state
 
 
@@ -84,13 +84,13 @@ def test_a_changelog_turned_on_mid_job_logs_the_blocks_stored_before_it(tmp_path
     before = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), 1 << 30)
     _feed(job, before, GROUP, batches=3)
     assert not before.get(GROUP).checkpoint.in_changelog
-    before.store.close()
+    before.rocksdb.close()
     after = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), 1 << 30, changelog=True)
     log = _Log()
     _feed(job, after, GROUP, batches=2,
           after_each=lambda store, tx: _log_and_rebuild(log, store, tx, tmp_path / "fresh", job))
     assert after.get(GROUP).checkpoint.in_changelog
-    after.store.close()
+    after.rocksdb.close()
 
 
 def test_a_value_over_the_chunk_size_is_cut_and_joined_and_its_delete_retracts_every_chunk() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from streamjoin.schemas.control import Heartbeat
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.main import Coordinator
 from streamjoin.services.coordinator.moves import Moves
 from streamjoin.settings import load
@@ -47,7 +47,7 @@ def test_nobody_is_dead_while_the_coordinator_hears_nothing_and_timeouts_restart
 def test_adaptive_placement_starts_the_policys_moves_at_the_end_of_an_epoch() -> None:
     """coordinator.placement: adaptive: a supplier (backlog over half the buffer) yields a group
     to a consumer (an empty backlog) through the migration protocol, once per epoch, and
-    nothing else starts while that move is in flight (seed 003 section 6)."""
+    nothing else starts while that move is in flight (the spill paper, section 6)."""
     coordinator = _coordinator()
     coordinator.job = coordinator.job.model_copy(update={"coordinator": coordinator.job.coordinator.model_copy(
         update={"placement": "adaptive", "reorg_epoch_ms": 1000})})
@@ -69,7 +69,7 @@ def test_adaptive_placement_starts_the_policys_moves_at_the_end_of_an_epoch() ->
 
 def test_a_plans_moves_start_through_the_protocol_and_a_scale_in_victim_is_drained(monkeypatch) -> None:
     from streamjoin.services.coordinator import main
-    from streamjoin.services.coordinator.adapt import Move, Plan, ScaleChange
+    from streamjoin.services.coordinator.epoch import Move, Plan, ScaleChange
 
     coordinator = _coordinator()
     coordinator.moves = Moves({0: "a", 1: "b"}, {}, epoch=1)

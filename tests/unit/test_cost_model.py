@@ -1,4 +1,4 @@
-"""Seed 004's cost model (section 5) against hand-computed values."""
+"""The PSP paper's cost model (section 5) against hand-computed values."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The query language (schemas/cql.py): the seed's queries, round trips of random queries
-through their text, the error for each kind of bad input (where and which token), and
-hostile text, which must only ever raise QueryError."""
+"""The query language (schemas/cql_parse.py, cql_print.py, cql_validate.py): the
+StreamReuse paper's queries, round trips of random queries through their text,
+the error for each kind of bad input (where and which token), and hostile text,
+which must only ever raise QueryError."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamjoin.schemas.cql import (MAX_RANGE_MS, MAX_SLIDE_MS, QueryError, compile_query, parse, to_cql,
-                                    validate)
+from streamjoin.schemas.cql_errors import QueryError
+from streamjoin.schemas.cql_parse import MAX_RANGE_MS, MAX_SLIDE_MS, parse
+from streamjoin.schemas.cql_print import to_cql
+from streamjoin.schemas.cql_validate import compile_query, validate
 from streamjoin.schemas.query import Column, Query, Selection, SourceWindow
 from streamjoin.settings import StreamSpec
 from tests.fuzz.query_target import check_query_text
@@ -26,7 +29,7 @@ def _stream(name: str, **fields: str) -> StreamSpec:
     return StreamSpec(name=name, fields={"ts": "int", **fields}, time_field="ts", window={"range_ms": 5 * MIN})
 
 
-# The airline streams of seed 002 section 2.1 (CHECK-INS is `checkins`: a name has no dash).
+# The airline streams of the StreamReuse paper, section 2.1 (CHECK-INS is `checkins`: a name has no dash).
 AIRLINE = [
     _stream("flights", num="str", gate="str", dest="str", terminal="str", carrier_code="str", capacity="int",
             load="float", delayed="bool", raw="bytes"),
@@ -35,7 +38,7 @@ AIRLINE = [
     _stream("baggage", flight="str", area="str"),
 ]
 
-# Seed 002's Q1 and Q2, in this language: lower-case names, 'strings', carrier_code for CARRIER CODE.
+# The StreamReuse paper's Q1 and Q2, in this language: lower-case names, 'strings', carrier_code for CARRIER CODE.
 Q1 = ("SELECT flights.num, flights.gate, baggage.area, checkins.status, weather.forecast\n"
       "FROM flights [RANGE 5 MIN], weather [RANGE 5 MIN], checkins [RANGE 1 MIN], baggage [RANGE 1 MIN]\n"
       "WHERE flights.dest = weather.city AND flights.num = checkins.flight AND flights.num = baggage.flight\n"

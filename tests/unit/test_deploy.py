@@ -48,7 +48,7 @@ CUSTOM = {
     "fullnameOverride": "joins",
     "image": {"repository": "registry.example.com/streamjoin", "tag": "1.2.3", "pullPolicy": "Always"},
     "kafka": {"bootstrap": "kafka-0.kafka:9092,kafka-1.kafka:9092"},
-    "job": yaml.safe_load((REPO / "streamjoin" / "jobs" / "seed000.yaml").read_text()),
+    "job": yaml.safe_load((REPO / "streamjoin" / "jobs" / "equijoin.yaml").read_text()),
     "metrics": {
         "port": 9200,
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -887,7 +887,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def test_ring_mode_job_renders_and_loads(tmp_path, monkeypatch):
-    """A PSP ring job (seed 004's band join) goes through the chart unchanged: the
+    """A PSP ring job (the PSP paper's band join) goes through the chart unchanged: the
     workers run ring mode from the same StatefulSet, and the rendered job loads."""
     ring_job = yaml.safe_load((REPO / "streamjoin" / "jobs" / "band3.yaml").read_text())
     values = {"job": ring_job, "worker": {"replicas": 3}}
@@ -907,7 +907,7 @@ POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet contr
 
 
 def splitjoin_job(**splitjoin: int) -> dict:
-    """Seed 001's band join (band.yaml) in splitjoin mode, with `splitjoin` as its splitjoin section
+    """The SplitJoin paper's band join (band.yaml) in splitjoin mode, with `splitjoin` as its splitjoin section
     (none when empty: the settings' defaults); the ring-only sections are dropped."""
     job = yaml.safe_load((REPO / "streamjoin" / "jobs" / "band.yaml").read_text())
     for ring_only in ("ring", "coordinator", "worker"):
@@ -1038,7 +1038,7 @@ def test_splitjoin_job_yaml_loads(splitjoin_docs, tmp_path, monkeypatch):
 
 def test_splitjoin_defaults_are_the_settings_defaults():
     """Without a splitjoin section the chart sizes the StatefulSet as the services read the job."""
-    from streamjoin.settings.job import SplitJoinSpec
+    from streamjoin.settings import SplitJoinSpec
 
     defaults = SplitJoinSpec()
     docs = render({"job": splitjoin_job(), "worker": {"replicas": defaults.max_cores}})
@@ -1093,8 +1093,8 @@ ZONE = "topology.kubernetes.io/zone"
 
 
 def queries_job(regions: list[str]) -> dict:
-    """Seed 000's job with a queries section naming `regions`."""
-    job = yaml.safe_load((REPO / "streamjoin" / "jobs" / "seed000.yaml").read_text())
+    """The equi-join job with a queries section naming `regions`."""
+    job = yaml.safe_load((REPO / "streamjoin" / "jobs" / "equijoin.yaml").read_text())
     job["queries"] = {"regions": regions}
     return job
 

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 
 from streamjoin import settings
-from streamjoin.settings.job import RESERVED_KAFKA_SETTINGS
+from streamjoin.settings.kafka import RESERVED_KAFKA_SETTINGS
 from tests.unit.test_deploy import CHART, K8S_VERSION, clean, config_job_yaml, container, render
 
 SECRET_NAME = "kafka-credentials"

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from streamjoin.services.shutdown import Stopped
-from streamjoin.services.worker.output import _flushed
+from streamjoin.services.io.deliveries import _flushed
 
 _SET_ERROR = ctypes.pythonapi.PyErr_SetObject
 _SET_ERROR.argtypes, _SET_ERROR.restype = [ctypes.py_object, ctypes.py_object], None
@@ -48,10 +48,10 @@ def test_a_stop_request_in_flush_passes_through() -> None:
 def test_a_fencing_error_reported_as_abortable_still_exits_75(code: int, monkeypatch) -> None:
     """librdkafka answered a zombie's ProduceRequest with PRODUCER_FENCED, not fatal (seen in CI):
     retrying after an abort can never succeed, so it exits like a fatal fence; other errors do not."""
-    from streamjoin.services.worker import main
+    from streamjoin.services.io import transactions
 
     exits: list[int] = []
-    monkeypatch.setattr(main.os, "_exit", exits.append)
-    main.exit_if_fenced(KafkaException(KafkaError(code, "fenced", fatal=False)))
-    main.exit_if_fenced(KafkaException(KafkaError(KafkaError._CONFLICT, "abort in progress", fatal=False)))
+    monkeypatch.setattr(transactions.os, "_exit", exits.append)
+    transactions.exit_if_fenced(KafkaException(KafkaError(code, "fenced", fatal=False)))
+    transactions.exit_if_fenced(KafkaException(KafkaError(KafkaError._CONFLICT, "abort in progress", fatal=False)))
     assert exits == [75]

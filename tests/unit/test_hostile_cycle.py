@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
-from streamjoin.services.worker.intake import STREAM_HEADER, RecordBuffer, routing_for
-from streamjoin.services.worker.main import stream_templates
-from streamjoin.services.worker.processor import join_plan, run_cycle
+from streamjoin.services.io.intake import STREAM_HEADER, RecordBuffer, routing_for
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash.processor import join_plan, run_cycle
 from streamjoin.settings import JobSettings, load
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -92,8 +92,8 @@ def _run(job: JobSettings, messages: list[tuple[int, Msg]], cuts: list[int]) -> 
                 emitted += [tuple((t, int(p), int(o)) for (t, p, o) in refs) for refs in zip(
                     *[zip([t] * len(res), res[f"{n}.partition"], res[f"{n}.offset"]) for n, t in cols])]
                 dead.update((d.stream, d.offset, d.reason) for d in batch.dead)
-                tx = store.store.transaction()
+                tx = store.rocksdb.transaction()
                 store.stage(tx, batch.group, batch.state, batch.appended)
                 tx.commit()
-        store.store.close()
+        store.rocksdb.close()
     return emitted, dead

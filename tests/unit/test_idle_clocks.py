@@ -14,9 +14,10 @@ import numpy as np
 
 from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.window_join import NO_TIME
-from streamjoin.services.worker.intake import RecordBuffer, routing_for
-from streamjoin.services.worker.main import Worker, stream_templates
-from streamjoin.services.worker.processor import join_plan, run_cycle
+from streamjoin.services.io.intake import RecordBuffer, routing_for
+from streamjoin.services.hash.main import Worker
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash.processor import join_plan, run_cycle
 from streamjoin.settings import load
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -40,7 +41,7 @@ def _batch(job, store: WindowedStore, now_ms: int, streams: list[int], offset: i
                                    json.dumps({"k": 1, "ts": 1000 + offset}).encode(), 1000 + offset), GROUP)
     (done,) = run_cycle(job, store.plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=now_ms,
                         extra=[GROUP])
-    tx = store.store.transaction()
+    tx = store.rocksdb.transaction()
     store.stage(tx, GROUP, done.state, done.appended, done.marks)
     tx.commit()
 
@@ -66,7 +67,7 @@ def test_a_batch_records_the_wall_clock_of_each_stream_it_read(tmp_path: Path) -
     _batch(job, store, 7_000, [1], 1)
     _batch(job, store, 9_000, [], 2)  # a batch of no records (an idle stream moved the watermark)
     assert store.get(GROUP).checkpoint.heard_ms == [5_000, 7_000]
-    store.store.close()
+    store.rocksdb.close()
     assert _store(job, tmp_path / "db").get(GROUP).checkpoint.heard_ms == [5_000, 7_000]  # on disk
     without = _job(tmp_path, idle_timeout_ms=None)
     other = _store(without, tmp_path / "db2")
@@ -79,7 +80,7 @@ def test_a_restarted_worker_counts_silence_from_the_checkpoint_not_from_its_star
     store = _store(job, tmp_path / "db")
     _batch(job, store, 5_000, [0, 1], 0)
     _batch(job, store, 7_000, [0], 1)  # s silent since 5 000, r since 7 000
-    store.store.close()
+    store.rocksdb.close()
     restarted = _store(job, tmp_path / "db")  # the worker restarts at 7 500 and takes the group back
 
     worker = _worker(job, restarted, unread=set())
@@ -105,5 +106,5 @@ def test_a_restarted_worker_counts_silence_from_the_checkpoint_not_from_its_star
     Worker._restore_idle_clocks(worker, {GROUP}, 7_500)
     assert worker.heard[GROUP].tolist() == [5_000, 7_500]
     assert np.all(worker.heard[GROUP] <= 7_500)
-    restarted.store.close()
-    fresh.store.close()
+    restarted.rocksdb.close()
+    fresh.rocksdb.close()

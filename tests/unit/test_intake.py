@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 from streamjoin.engine.block import OFF, PART, Block
 from streamjoin.schemas.codecs import BLOCK_SHIFT, decode_blocks, encode_block
+from streamjoin.schemas.join_keys import key_bytes
 from streamjoin.services import metrics
-from streamjoin.services.worker.intake import (H_ORIGIN_OFFSET, H_ORIGIN_PARTITION, MISROUTED, RecordBuffer,
-                                               decode_by_group, routing_for)
+from streamjoin.services.io.intake import (H_ORIGIN_OFFSET, H_ORIGIN_PARTITION, MISROUTED, RecordBuffer,
+    decode_by_group, routing_for)
 from streamjoin.settings import JobSettings, load
-from streamjoin.topology.partitioner import key_bytes, partition_for
+from streamjoin.topology.partitioner import partition_for
 from tests.profiles import examples
 
 PARTITIONS = 8
@@ -190,7 +191,7 @@ def test_each_forwarded_record_is_taken_once(runs: list[tuple[int, int, int, int
 
 
 def test_backlog_is_fetched_bytes_plus_the_lag_priced_at_the_mean_record() -> None:
-    from streamjoin.services.worker.backlog import RecordSize, backlog_bytes
+    from streamjoin.services.hash.backlog import RecordSize, backlog_bytes
 
     size = RecordSize()
     assert backlog_bytes({}, 1000, size) == 0  # no record seen yet: the lag has no price

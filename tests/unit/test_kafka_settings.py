@@ -14,13 +14,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from streamjoin.cli import app, default_job_file
+from streamjoin.cli import app
+from streamjoin.job_files import default_job_file
 from streamjoin.launcher import write_job
-from streamjoin.services.kafka import Cluster
+from streamjoin.services.io.kafka import Cluster
 from streamjoin.services.spark.kafka_source import NAME as KAFKA_SOURCE, options
 from streamjoin.settings import JobSettings, SettingsError, load
-from streamjoin.settings.job import RESERVED_KAFKA_SETTINGS
-from streamjoin.settings.kafka import KafkaSecret, is_secret
+from streamjoin.settings.kafka import RESERVED_KAFKA_SETTINGS, KafkaSecret, is_secret
 
 SECRET = "s3cret-value-41"
 MASK = "**********"
@@ -231,3 +231,32 @@ def test_launcher_job_file_with_an_inline_secret_is_owner_only(tmp_path: Path) -
     written = write_job(job, target)
     assert stat.S_IMODE(written.stat().st_mode) == 0o600
     assert load(written).kafka_client() == {"sasl.password": SECRET}
+
+
+def test_the_transactions_section_reaches_the_transactional_producers_and_their_calls(tmp_path: Path) -> None:
+    """`transactions:` in a job file sets transaction.timeout.ms of every transactional producer
+    (through the job's Cluster) and the waits of init and commit (the one transaction object)."""
+    from streamjoin.services.io.transactions import Transactions
+
+    data = yaml.safe_load(default_job_file().read_text()) | {
+        "transactions": {"transaction_timeout_ms": 45_000, "init_transactions_timeout_s": 7, "commit_timeout_s": 9}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    job = load(path, bootstrap="127.0.0.1:1")
+    cluster = Cluster.of(job)
+    assert cluster.transactions.transaction_timeout_ms == 45_000
+    calls: list[tuple[str, float]] = []
+
+    class Recording:
+        def init_transactions(self, timeout: float) -> None:
+            calls.append(("init", timeout))
+
+        def commit_transaction(self, timeout: float) -> None:
+            calls.append(("commit", timeout))
+
+    transactions = Transactions(Recording(), job.transactions, worker="w0")  # type: ignore[arg-type]
+    transactions.init()
+    transactions.commit()
+    assert calls == [("init", 7), ("commit", 9)]
+    with pytest.raises(SettingsError, match="transaction_timeout_ms"):
+        load(path, bootstrap="127.0.0.1:1", transactions={"transaction_timeout_ms": -1})

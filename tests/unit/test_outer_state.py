@@ -15,14 +15,16 @@ import pytest
 from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.outer import DECIDED
 from streamjoin.engine.result_ids import ABSENT
-from streamjoin.services.worker.intake import RecordBuffer, routing_for
-from streamjoin.services.worker.main import Worker, stream_templates
-from streamjoin.services.worker.processor import join_plan, run_cycle
+from streamjoin.schemas.join_keys import key_bytes
+from streamjoin.services.io.intake import RecordBuffer, routing_for
+from streamjoin.services.hash.main import Worker
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash.processor import join_plan, run_cycle
 from streamjoin.settings import load
 from streamjoin.state.partition import checkpoint_key, marks_prefix
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
-from streamjoin.topology.partitioner import key_bytes, partition_for
+from streamjoin.topology.partitioner import partition_for
 from tests.unit.test_changelog import _Log
 
 GROUP = 3
@@ -64,7 +66,7 @@ def _run(job, db: Path, batches: list, restart_at: set[int],
     offsets, emitted = [0, 0], []
     for n, batch in enumerate(batches + [[]]):
         if n in restart_at and log is None:
-            store.store.close()
+            store.rocksdb.close()
             store = WindowedStore(Store(db), plan, stream_templates(job), 1 << 30)
         elif n in restart_at:
             store = _moved(job, store, log, db / str(n))
@@ -78,7 +80,7 @@ def _run(job, db: Path, batches: list, restart_at: set[int],
         floors = {GROUP: 10**6} if n == len(batches) else None
         (done,) = run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=0,
                             extra=[GROUP], floors=floors)
-        tx = store.store.transaction()
+        tx = store.rocksdb.transaction()
         store.stage(tx, GROUP, done.state, done.appended, done.marks)
         tx.commit()
         if log is not None:
@@ -94,7 +96,7 @@ def _moved(job, store: WindowedStore, log: _Log, path: Path) -> WindowedStore:
     state = store.get(GROUP)
     last = max(i for i, r in enumerate(log.records) if r is not None and r[0] == checkpoint_key(GROUP))
     image = log.rebuild(state.checkpoint.changelog_low, last)
-    store.store.close()
+    store.rocksdb.close()
     fresh = WindowedStore(Store(path), store.plan, stream_templates(job), 1 << 30, changelog=True)
     fresh.install(GROUP, image.values(), image.offsets, len(log.records))
     return fresh
@@ -114,9 +116,9 @@ def test_restarts_emit_what_an_uninterrupted_run_does(tmp_path: Path, join_type:
         assert padded or join_type == "semi" and not straight  # the workload does decide rows
         # Time windows: every row is decided at the end, so no marks record is left over (a
         # count window's newest rows per key stay open: a partner may still come for them).
-        left_over = sum(len(list(store.store.scan(marks_prefix(GROUP, i)))) for i in DECIDED[join_type])
+        left_over = sum(len(list(store.rocksdb.scan(marks_prefix(GROUP, i)))) for i in DECIDED[join_type])
         assert left_over == 0 or any(job.streams[i].window.is_rows for i in DECIDED[join_type])
-        store.store.close()
+        store.rocksdb.close()
 
 
 @pytest.mark.parametrize("rows", [False, True])
@@ -131,7 +133,7 @@ def test_a_group_rebuilt_from_its_changelog_keeps_its_matches(tmp_path: Path, jo
         restarts = set(random.Random(seed).sample(range(1, 31), 5))
         moved, store = _run(job, tmp_path / f"b{seed}", batches, restarts, _Log())
         assert sorted(moved) == sorted(straight)
-        store.store.close()
+        store.rocksdb.close()
 
 
 def test_an_all_idle_group_is_woken_by_the_wall_clock_once_a_row_is_due(tmp_path: Path) -> None:
@@ -147,7 +149,7 @@ def test_an_all_idle_group_is_woken_by_the_wall_clock_once_a_row_is_due(tmp_path
     buffers[0].add(LocalRecord(job.topic_of(job.streams[0]), GROUP, 0, str(KEYS[0]).encode(),
                                json.dumps({"k": KEYS[0], "ts": 1000}).encode(), 1000), GROUP)  # type: ignore[arg-type]
     (first,) = run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=0)
-    tx = store.store.transaction()
+    tx = store.rocksdb.transaction()
     store.stage(tx, GROUP, first.state, first.appended, first.marks)
     tx.commit()
     # Probe spill pushes the idle group to disk (an idle group is the least recently used): it

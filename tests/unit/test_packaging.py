@@ -5,11 +5,16 @@ folders are mapped under it (pyproject's package-dir). No module imports a
 folder as a top-level package (`from engine ...` would load a second copy),
 and the layers import downwards only:
     settings (leaf) <- engine <- schemas, topology <- state <- services <- CLI (streamjoin.*)
+Inside services, each mode has a room of its own (MODES): a mode imports services/io (Kafka's
+plumbing) and the shared modules beside it, never another mode's room; io and the shared
+modules import no mode. Kafka transactions are begun and ended in one module (io/transactions.py),
+which also holds the process's one hard exit.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -26,6 +31,9 @@ FOLDERS = {d for d in PACKAGE_DIRS.values() if d != "streamjoin"}
 # Rank of each layer: a module may import its own layer and those ranked lower.
 LAYERS = {"streamjoin.settings": 0, "streamjoin.engine": 1, "streamjoin.schemas": 2, "streamjoin.topology": 2,
           "streamjoin.state": 3, "streamjoin.services": 4, "streamjoin": 5}
+# The services' rooms, one per mode; everything else in services (io/, the shared modules) is common.
+MODES = {"hash", "ring", "splitjoin", "queries", "coordinator", "spark"}
+TRANSACTIONS = "streamjoin.services.io.transactions"
 
 
 def tracked_python_files() -> list[Path]:
@@ -81,6 +89,51 @@ def test_layers_import_downwards_only() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def room_of(module: str) -> str | None:
+    """The mode whose room `module` is in; None for io, the shared services modules and the rest."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["streamjoin", "services"] and len(parts) > 2 and parts[2] in MODES else None
+
+
+def test_no_mode_imports_another_mode() -> None:
+    wrong = []
+    for path in tracked_python_files():
+        own = module_name(path)
+        if own is None or not own.startswith("streamjoin.services"):
+            continue
+        for line, module in imported_modules(path):
+            target = room_of(module)
+            if target is not None and target != room_of(own):
+                wrong.append(f"{own} ({room_of(own) or 'common'}) imports {module} ({target}), line {line}")
+    assert not wrong, "\n".join(wrong)
+
+
+def calls_outside_tests(method: str) -> set[str]:
+    """The modules (outside tests) with a call of an attribute named `method` (`x.method(...)`)."""
+    found = set()
+    for path in tracked_python_files():
+        own = module_name(path)
+        if own is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method:
+                found.add(own)
+    return found
+
+
+def test_transactions_are_initialised_and_committed_in_one_module() -> None:
+    assert calls_outside_tests("commit_transaction") == {TRANSACTIONS}
+    assert calls_outside_tests("init_transactions") == {TRANSACTIONS}
+
+
+def test_the_process_exits_hard_in_one_place() -> None:
+    exits = calls_outside_tests("_exit")
+    imported = {module_name(path) for path in tracked_python_files() if module_name(path)
+                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+                and node.module == "os" and any(alias.name == "_exit" for alias in node.names)}
+    assert exits == {TRANSACTIONS} and not imported
+
+
 def test_every_package_folder_is_listed_for_the_wheel() -> None:
     listed = set(PROJECT["tool"]["setuptools"]["packages"])
     on_disk = {module_name(init.parent / "__init__.py") for folder in {"streamjoin", *FOLDERS}
@@ -88,9 +141,10 @@ def test_every_package_folder_is_listed_for_the_wheel() -> None:
     assert on_disk == listed, f"on disk, not listed: {on_disk - listed}; listed, not on disk: {listed - on_disk}"
 
 
-@pytest.mark.timeout(300)
-def test_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
-    source = tmp_path / "src"  # a copy of the tracked tree, as a clone has it (the build writes build/ there)
+def build_wheel(tmp_path: Path) -> zipfile.ZipFile:
+    """The project's wheel, built from a copy of the tracked tree as a clone has it (the build
+    writes build/ there)."""
+    source = tmp_path / "src"
     for path in subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True,
                                check=True).stdout.split():
         if (REPO / path).is_file():
@@ -98,7 +152,12 @@ def test_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
             (source / path).write_bytes((REPO / path).read_bytes())
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
                    check=True, capture_output=True)
-    wheel = zipfile.ZipFile(next(tmp_path.glob("streamjoin-*.whl")))
+    return zipfile.ZipFile(next(tmp_path.glob("streamjoin-*.whl")))
+
+
+@pytest.mark.timeout(300)
+def test_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
     names = wheel.namelist()
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert wheel.read(top_level).decode().split() == ["streamjoin"]
@@ -106,7 +165,41 @@ def test_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     expected = {f"{module_name(p).replace('.', '/')}{'/__init__' if p.name == '__init__.py' else ''}.py"
                 for p in tracked_python_files() if module_name(p)}
     assert expected <= set(names), sorted(expected - set(names))
-    assert "streamjoin/jobs/seed000.yaml" in names
+    assert "streamjoin/jobs/equijoin.yaml" in names
+
+
+# What only the Spark jobs and the benchmarks need: never a requirement of the services' install.
+EXTRA_ONLY = {"pyspark": "spark", "matplotlib": "spark", "psutil": "bench"}
+
+
+@pytest.mark.integration  # a wheel build: tens of seconds
+@pytest.mark.timeout(300)
+def test_wheel_requires_the_extras_only_for_spark_and_bench(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    required = [line.removeprefix("Requires-Dist:").strip() for line in metadata.splitlines()
+                if line.startswith("Requires-Dist:")]
+    plain = {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower() for r in required if "extra ==" not in r}
+    assert not plain & EXTRA_ONLY.keys(), sorted(plain & EXTRA_ONLY.keys())
+    for package, extra in EXTRA_ONLY.items():
+        assert any(r.lower().startswith(package) and f'extra == "{extra}"' in r for r in required), (package, extra)
+    # the benchmark modules stay in the wheel (`pip install 'streamjoin[bench]'` runs them), without their dependencies
+    assert "streamjoin/bench/__init__.py" in wheel.namelist()
+
+
+def test_services_and_cli_import_no_extra() -> None:
+    """The CLI and every service it runs (the modules its service commands import) load without
+    the benchmarks, Spark, matplotlib or psutil: the services' install does not have them."""
+    tree = ast.parse((REPO / "streamjoin" / "cli" / "run.py").read_text())
+    services = sorted({node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       and node.module and node.module.startswith("streamjoin.services")})
+    probe = ("import importlib, sys\n"
+             f"for name in {['streamjoin.cli', *services]!r}:\n"
+             "    importlib.import_module(name)\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'matplotlib', 'psutil')\n"
+             "             or m.startswith('streamjoin.bench')))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_old_udf_spelling_still_loads_with_a_deprecation_warning() -> None:

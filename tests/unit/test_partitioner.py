@@ -1,4 +1,5 @@
-"""Kafka's murmur2 partitioner: the scalar reference against Kafka's own test
+"""Kafka's murmur2 partitioner (topology/partitioner.py) and the join-key text it
+hashes (schemas/join_keys.py): the scalar reference against Kafka's own test
 vectors, and the whole-block versions (`key_text`, `murmur2_many`,
 `partitions_for_keys`) against the scalar reference for every input."""
 
@@ -10,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamjoin.topology.partitioner import (key_bytes, key_text, murmur2, murmur2_many, partition_for,
-                                             partitions_for_keys)
+from streamjoin.schemas.join_keys import key_bytes, key_text
+from streamjoin.topology.partitioner import murmur2, murmur2_many, partition_for, partitions_for_keys
 from tests.profiles import examples
 
 # Kafka's clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java testMurmur2, and the

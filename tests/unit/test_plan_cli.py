@@ -1,4 +1,4 @@
-"""`streamjoin plan ring`: calibration on this machine, then seed 004's cost model per ring size."""
+"""`streamjoin plan ring`: calibration on this machine, then the PSP paper's cost model per ring size."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from streamjoin.services import broker as embedded
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import ring_plan
-from streamjoin.cli import app, default_job_file
+from streamjoin.cli import app
+from streamjoin.job_files import default_job_file
 from streamjoin.settings import load
 
 runner = CliRunner()
@@ -48,7 +49,7 @@ def test_plan_ring_table(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_plan_ring_on_a_hash_mode_job_exits_2() -> None:
-    result = runner.invoke(app, ["plan", "ring", str(JOBS / "seed000.yaml")])
+    result = runner.invoke(app, ["plan", "ring", str(JOBS / "equijoin.yaml")])
     assert result.exit_code == 2
     assert "join.mode" in result.output
 

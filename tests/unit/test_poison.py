@@ -15,8 +15,8 @@ import pytest
 from streamjoin.engine.block import KEY, OFF, TS, Block
 from streamjoin.schemas.codecs import (BLOCK_INDEX, BLOCK_SHIFT, avro_schema, decode_avro, decode_blocks, decode_json,
                                        encode_block)
-from streamjoin.services.worker.intake import (FUTURE, H_ORIGIN_OFFSET, H_ORIGIN_PARTITION, STREAM_HEADER, RecordBuffer,
-                                               decode_by_group, origin_of, routing_for)
+from streamjoin.services.io.intake import (FUTURE, H_ORIGIN_OFFSET, H_ORIGIN_PARTITION, STREAM_HEADER, RecordBuffer,
+    decode_by_group, origin_of, routing_for)
 from streamjoin.settings import JobSettings, SettingsError, StreamSpec, load
 from tests.unit.test_intake import Msg
 
@@ -306,7 +306,7 @@ def test_a_failed_udf_probe_dead_letters_each_trigger_record_once() -> None:
     from streamjoin.engine.predicates import UDF_ERROR
     from streamjoin.engine.psp.plan import prefixed
     from streamjoin.schemas.results import decode_headers
-    from streamjoin.services.worker.output import udf_dead_letters
+    from streamjoin.services.io.dead_letters import udf_dead_letters
 
     two = job()
     rows = Block({prefixed(1, PART): np.array([0, 0, 3], dtype=np.int64),

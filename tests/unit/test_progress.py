@@ -1,4 +1,4 @@
-"""Watermarks carried across the repartition (services/worker/progress.py,
+"""Watermarks carried across the repartition (services/hash/progress.py,
 `join.repartition_watermarks`): a hash job started on a backlog whose records sit in the
 wrong partitions, its groups reading at different speeds, runs through the whole worker
 cycle (intake, decode, re-routing, window join) with the re-routed records handed back as
@@ -20,10 +20,11 @@ import pytest
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
 from streamjoin.engine.window_join import NO_TIME
-from streamjoin.services.worker.intake import RecordBuffer, routing_for
-from streamjoin.services.worker.main import stream_templates
-from streamjoin.services.worker.processor import join_plan, run_cycle
-from streamjoin.services.worker.progress import NOTE_HEADER, Heard, Told, notes, targets, tell
+from streamjoin.services.io.intake import RecordBuffer, routing_for
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash.processor import join_plan, run_cycle
+from streamjoin.services.hash.progress import Heard, notes, targets, tell
+from streamjoin.services.io.progress_notes import NOTE_HEADER, Told
 from streamjoin.settings import JobSettings, SettingsError, load
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -92,10 +93,10 @@ def _run(job: JobSettings, parts: dict[tuple[int, int], list[Msg]]) -> tuple[Cou
                     to = by_key[(f.stream, f.partition)]
                     to.append(Msg(job.by_key_topic(job.streams[f.stream]), f.partition, len(to), f.value,
                                   f.headers(), f.key))
-                tx = store.store.transaction()
+                tx = store.rocksdb.transaction()
                 store.stage(tx, batch.group, batch.state, batch.appended)
                 tx.commit()
-        store.store.close()
+        store.rocksdb.close()
     return emitted, dead, told
 
 
@@ -156,7 +157,7 @@ def test_a_note_reads_back_as_written_and_a_false_one_is_dead_lettered(tmp_path:
     plan = join_plan(job)
     store = WindowedStore(Store(tmp_path / "db"), plan, stream_templates(job), 1 << 30)
     batches = run_cycle(job, plan, store, {0: buf}, [routing_for(job, 2)] * 2, NOW)
-    store.store.close()
+    store.rocksdb.close()
     assert [d.reason for b in batches for d in b.dead] == ["malformed"]
     assert batches[0].state.checkpoint.progress == {"r": {0: 123}}  # group 1 heard of partition 0
 

@@ -23,7 +23,8 @@ from fastapi.exceptions import ResponseValidationError
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from streamjoin.cli import app as cli, default_job_file
+from streamjoin.cli import app as cli
+from streamjoin.job_files import default_job_file
 from streamjoin.services.broker import free_port
 from streamjoin.services.queries import api
 from streamjoin.services.queries.api import (

@@ -14,11 +14,11 @@ from typing import Any, Callable
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, TopicPartition
 
-from streamjoin.schemas import cql
-from streamjoin.services import kafka
+from streamjoin.schemas import cql_validate
+from streamjoin.services.io import kafka
 from streamjoin.services.queries.deploy import version_job
 from streamjoin.services.queries.router import Router, Target, sink_layout
-from streamjoin.services.worker.output import ResultSink
+from streamjoin.services.io.results import ResultSink
 from streamjoin.settings import JobSettings
 from streamjoin.topology.reuse.compensation import Compensation
 from tests.unit.result_writer import Result, encode, result_id
@@ -206,7 +206,7 @@ def _router(cluster: Cluster, service: JobSettings, version: JobSettings) -> Rou
     router.start()
     router.add_version(version)
     router.serve(version.job, "q-1", 0, None)
-    query = cql.compile_query(SQL, service.streams)
+    query = cql_validate.compile_query(SQL, service.streams)
     compensation = Compensation(selections=query.selections, columns=query.columns,
                                 range_ms=tuple((w.stream, w.range_ms) for w in query.windows), slide_ms=query.slide_ms)
     sink = ResultSink("sink-1", service.queries.operator_partitions, sink_layout(service, query, "q-1"), "json")

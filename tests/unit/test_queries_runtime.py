@@ -16,12 +16,12 @@ import pytest
 from streamjoin.engine.block import system_block
 from streamjoin.engine.window_join import NO_TIME
 from streamjoin.schemas.query import Column, Selection
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.queries.deploy import version_job
 from streamjoin.services.queries.registry import VersionRecord, version_from_json, version_to_json
 from streamjoin.services.queries.service import ReuseService
 from streamjoin.services.queries.source_index import SourceIndex
-from streamjoin.services.worker.intake import source_filter
+from streamjoin.services.io.intake import source_filter
 from streamjoin.settings import SettingsError, StreamSpec, load
 from streamjoin.topology.reuse.operator import OperatorDef
 

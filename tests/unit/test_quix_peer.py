@@ -15,7 +15,7 @@ import pytest
 from streamjoin.bench import equijoin
 from streamjoin.bench.inputs import ARRIVAL
 from streamjoin.bench.peers import quix_peer
-from streamjoin.services.kafka import Cluster
+from streamjoin.services.io.kafka import Cluster
 from streamjoin.settings import JobSettings, WindowSpec
 
 

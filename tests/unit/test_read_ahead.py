@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from streamjoin.services.worker import output
-from streamjoin.services.worker.intake import RecordBuffer
-from streamjoin.services.worker.main import Worker
-from streamjoin.services.worker.output import Deliveries, Emitter, flush
+from streamjoin.services.hash import emit
+from streamjoin.services.io import deliveries
+from streamjoin.services.io.intake import RecordBuffer
+from streamjoin.services.hash.main import Worker
+from streamjoin.services.hash.emit import Emitter
+from streamjoin.services.io.deliveries import Deliveries, flush
 
 
 class _Producer:
@@ -47,13 +49,13 @@ def test_a_flush_with_work_meanwhile_polls_between_the_work_and_still_waits_for_
     assert producer.queued == 0
     assert work.calls == 6  # one piece of work per poll, until the queue was empty
     # short polls while there was work, longer waits once there was none
-    assert producer.timeouts == [0.001] * 3 + [output._IDLE_WAIT_S] * 3
+    assert producer.timeouts == [0.001] * 3 + [deliveries.IDLE_WAIT_S] * 3
 
 
 def test_a_flush_without_work_meanwhile_blocks_as_before():
     producer = _Producer(queued=1)
     flush(producer, Deliveries())  # type: ignore[arg-type]
-    assert producer.timeouts == [output._FLUSH_TIMEOUT_S]
+    assert producer.timeouts == [deliveries._FLUSH_TIMEOUT_S]
 
 
 def test_a_flush_meanwhile_still_fails_on_a_failed_delivery():
@@ -65,7 +67,7 @@ def test_a_flush_meanwhile_still_fails_on_a_failed_delivery():
 
 def _emitter() -> Emitter:
     emitter = Emitter.__new__(Emitter)
-    emitter._helper = output.ThreadPoolExecutor(max_workers=1)
+    emitter._helper = emit.ThreadPoolExecutor(max_workers=1)
     return emitter
 
 

@@ -1,4 +1,4 @@
-"""Recovery's replay of a batch (services/worker/recovery.py) against a fake consumer: a batch
+"""Recovery's replay of a batch (services/hash/recovery.py) against a fake consumer: a batch
 that read a by-key partition written in transactions recorded, as its boundary there, the
 consumer's position past the commit marker after its last record; the replay reads the same
 records and must end at that same boundary, or recovery stops on "did not reach its recorded
@@ -13,11 +13,11 @@ from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
-from streamjoin.services.worker import recovery
-from streamjoin.services.worker.intake import H_ORIGIN_OFFSET, H_ORIGIN_PARTITION, routing_for
-from streamjoin.services.worker.main import stream_templates
-from streamjoin.services.worker.processor import join_plan, run_cycle
-from streamjoin.services.worker.progress import NOTE_HEADER
+from streamjoin.services.hash import recovery
+from streamjoin.services.io.intake import H_ORIGIN_OFFSET, H_ORIGIN_PARTITION, routing_for
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash.processor import join_plan, run_cycle
+from streamjoin.services.io.progress_notes import NOTE_HEADER
 from streamjoin.settings import JobSettings, load
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
@@ -103,6 +103,6 @@ def test_a_replayed_batch_ends_past_the_commit_marker_its_live_batch_ended_past(
         try:
             replayed = run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, NOW, extra=[0])
         finally:
-            store.store.close()
+            store.rocksdb.close()
     assert [b.group for b in replayed] == [0]
     assert replayed[0].end == recorded

@@ -1,8 +1,8 @@
-"""Result records (schemas/result_codec.py): every whole-block encoder against
-a plain-Python reference (json.dumps / fastavro of the record the spec
-describes), round trips through the readers, readers that reject what is not
-a result record without raising, the results schema file, the CLI command
-and the Helm chart's schema."""
+"""Result records (schemas/result_format.py, result_encode.py, result_decode.py):
+every whole-block encoder against a plain-Python reference (json.dumps /
+fastavro of the record the spec describes), round trips through the readers,
+readers that reject what is not a result record without raising, the results
+schema file, the CLI command and the Helm chart's schema."""
 
 from __future__ import annotations
 
@@ -22,15 +22,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from streamjoin.cli import app, default_job_file
+from streamjoin.cli import app
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import result_head
-from streamjoin.schemas import result_codec
+from streamjoin.job_files import default_job_file
+from streamjoin.schemas import result_encode, result_format
 from streamjoin.schemas.codecs import BLOCK_SHIFT, decode_block
 from streamjoin.schemas.columns import to_bytes_list
-from streamjoin.schemas.result_codec import (ROWS_PER_CHUNK, ResultLayout, decode_results, encode_avro, encode_blocks,
-                                             encode_json, result_columns, result_keys, result_layout,
-                                             results_avro_schema)
+from streamjoin.schemas.result_decode import decode_results
+from streamjoin.schemas.result_encode import ROWS_PER_CHUNK, encode_avro, encode_blocks, encode_json, result_keys
+from streamjoin.schemas.result_format import ResultLayout, result_columns, result_layout, results_avro_schema
 from streamjoin.settings import JobSettings, load
 from streamjoin.topology.partitioner import partition_for, partitions_for_keys
 from tests.profiles import examples
@@ -111,7 +112,7 @@ def blocks(draw: st.DrawFn, layout: ResultLayout, max_rows: int = 6) -> Block:
 
 
 def seed000_block(n: int, seed: int = 0) -> tuple[ResultLayout, Block]:
-    """The default job's layout and a block like seed 000's results: int key, ts, 48-character pad
+    """The default job's layout and a block like the equi-join workload's results: int key, ts, 48-character pad
     per stream, ids from random refs."""
     layout = result_layout(load(default_job_file()))
     rng = np.random.default_rng(seed)
@@ -261,7 +262,7 @@ def test_an_empty_block_has_no_records(fmt: str) -> None:
 
 def test_blocks_are_chunked_without_internal_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ROWS_PER_CHUNK == 50_000
-    monkeypatch.setattr(result_codec, "ROWS_PER_CHUNK", 4)
+    monkeypatch.setattr(result_encode, "ROWS_PER_CHUNK", 4)
     layout, block = seed000_block(10)
     values = encode_blocks(block)
     chunks = [decode_block(v) for v in values]
@@ -464,7 +465,7 @@ def test_members_are_required_unless_the_join_type_lets_a_result_lack_them() -> 
     records keep plain ref and fields records (the outer join types: test_result_codec_outer.py)."""
     layout = result_layout(load(default_job_file()))
     assert [s.optional for s in layout.streams] == [False, False]
-    assert result_codec.StreamLayout("r", "t.r", False, (("ts", "int"),), "ts", ()).optional is False
+    assert result_format.StreamLayout("r", "t.r", False, (("ts", "int"),), "ts", ()).optional is False
     members = [*results_avro_schema(layout)["fields"][3]["type"]["fields"], *results_avro_schema(layout)["fields"][4:]]
     assert all(isinstance(f["type"], dict) for f in members)
 

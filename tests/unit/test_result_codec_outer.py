@@ -1,4 +1,4 @@
-"""Result records of outer, semi and anti joins (schemas/result_codec.py, issue 15): a
+"""Result records of outer, semi and anti joins (schemas/result_encode.py, result_decode.py): a
 result lacking an optional stream's member writes null for its ref and its fields (JSON),
 the null branch of both unions (Avro) or partition and offset -1 (blocks); every format
 reads it back as the engine's block; a null where the job allows none, or half a null
@@ -21,8 +21,9 @@ from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import ABSENT
 from streamjoin.schemas.codecs import BLOCK_SHIFT
 from streamjoin.schemas.columns import to_bytes_list
-from streamjoin.schemas.result_codec import (ResultLayout, decode_results, encode_avro, encode_blocks, encode_json,
-                                             result_columns, result_keys, result_layout, results_avro_schema)
+from streamjoin.schemas.result_decode import decode_results
+from streamjoin.schemas.result_encode import encode_avro, encode_blocks, encode_json, result_keys
+from streamjoin.schemas.result_format import ResultLayout, result_columns, result_layout, results_avro_schema
 from streamjoin.settings import JobSettings
 from tests.unit.test_result_codec import FMTS, VALUES, assert_columns_equal, blocks, expected_record
 from tests.profiles import examples

@@ -1,4 +1,4 @@
-"""The one writer of results (services/worker/output.ResultWriter): a cycle's groups written
+"""The one writer of results (services/io/results.ResultWriter): a cycle's groups written
 together are the records, keys and partitions that writing each group alone gives, each
 partition's records in the same order, in every output format."""
 
@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import RESULT_ID_HI, RESULT_ID_LO
-from streamjoin.schemas.result_codec import result_layout
-from streamjoin.services.worker import output
-from streamjoin.services.worker.output import Deliveries, ResultSink, ResultWriter
+from streamjoin.schemas.result_format import result_layout
+from streamjoin.services.io import results
+from streamjoin.services.io.deliveries import Deliveries
+from streamjoin.services.io.results import ResultSink, ResultWriter
 from tests.unit.test_result_codec import FMTS, blocks, jobs
 from tests.profiles import examples
 
@@ -42,7 +43,7 @@ def _written(job, write) -> tuple[int, dict[int, list[tuple[bytes, bytes]]]]:  #
 @pytest.fixture(autouse=True)
 def small_is_three(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of up to 6 rows, some encoded together (under 3) and some alone."""
-    monkeypatch.setattr(output, "SMALL_RESULTS", 3)
+    monkeypatch.setattr(results, "SMALL_RESULTS", 3)
 
 
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow,

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamjoin.schemas.query import Column, Query, Registration, Selection, SourceWindow
-from streamjoin.topology.reuse.lattice import ReuseLattice, brute_force
-from streamjoin.topology.reuse.operator import OperatorDef, fold
+from streamjoin.topology.reuse.lattice import ALL_REGIONS, ReuseLattice
+from streamjoin.topology.reuse.operator import OperatorDef, answers, base_match, fold
 from tests.profiles import examples
 
 REGIONS = ["r0", "r1", "r2", "r3"]
@@ -24,6 +24,16 @@ SHAPES = [
     (["a", "b"], [["a.k", "b.k"], ["a.j", "b.j"]]),
     (["a", "b", "c"], [["a.k", "b.k", "c.k"]]),
 ]
+
+
+def brute_force(ops: dict[str, tuple[OperatorDef, int]], query_or_reg: Query | Registration,
+                regions: int | None, relax: bool) -> list[str]:
+    """The lattice's search by a scan of every operator (id -> (definition, region bit)):
+    the statement `ReuseLattice.search` is tested against."""
+    mask = ALL_REGIONS if regions is None else regions
+    matches = base_match if relax else answers
+    return sorted(op_id for op_id, (op, bit) in ops.items() if bit & mask and matches(op, query_or_reg))
+
 
 
 def _column(name: str) -> Column:

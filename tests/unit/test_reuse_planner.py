@@ -1,4 +1,4 @@
-"""Seed 002's relaxation, compensation and planner against their definitions.
+"""The StreamReuse paper's relaxation, compensation and planner against their definitions.
 
 The property: on random streams, a relaxed operator's results (the reference join of the
 tuples passing its cover, with its RANGEs) filtered by a query's compensation are exactly
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
 from streamjoin.schemas.query import Column, Query, Registration, Selection, SourceWindow
-from streamjoin.settings.job import QueriesSpec, StreamSpec, WindowSpec
+from streamjoin.settings import QueriesSpec, StreamSpec, WindowSpec
 from streamjoin.topology.reuse.compensation import (
     Compensation, CompensationError, compensation, compensation_mask, release_ms,
 )
@@ -155,7 +155,7 @@ def test_fold_is_order_free_and_relax_leaves_an_answering_operator_unchanged(dat
     assert answers(relax(folded, extra), extra)
 
 
-# ------------------------------------------------------------------ seed 002 section 3.2
+# ------------------------------------------------------------------ the StreamReuse paper, section 3.2
 
 def _col(name: str) -> Column:
     stream, field = name.split(".")
@@ -168,7 +168,7 @@ def _sel(name: str, *values) -> Selection:
 
 FLIGHTS_CHECKINS = ((_col("checkins.flight"), _col("flights.num")),)
 
-# j: the FLIGHTS x CHECKINS join deployed for Q1 (seed 002 section 3.2), results every minute.
+# j: the FLIGHTS x CHECKINS join deployed for Q1 (the StreamReuse paper, section 3.2), results every minute.
 J = Query(columns=tuple(map(_col, ["flights.num", "flights.gate", "flights.dest", "checkins.status"])),
           windows=(SourceWindow("flights", 5 * MINUTE, MINUTE), SourceWindow("checkins", MINUTE, MINUTE)),
           joins=FLIGHTS_CHECKINS,

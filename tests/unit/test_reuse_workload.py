@@ -1,6 +1,6 @@
 """The reuse benchmark's inputs: the airline workload (services/workloads.py, kind airline)
-and its job file, the query templates (services/queries/templates.py), and the benchmark's
-in-process operator runs (streamjoin/bench/reuse_exec.py) against the reference join."""
+and its job file, the query templates (bench/query_templates.py), and the benchmark's
+in-process operator runs (bench/reuse_exec.py) against the reference join."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from streamjoin.bench.reuse_plan import STRATEGIES, plan_all, planning_at_scale,
 from streamjoin.engine.block import Block
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
 from streamjoin.schemas.codecs import table_to_block
-from streamjoin.schemas.cql import compile_query
+from streamjoin.schemas.cql_validate import compile_query
 from streamjoin.schemas.query import Registration
-from streamjoin.services.queries.templates import LIFETIMES_S, RANGES_MIN, SLIDES_MIN, generate_queries
+from streamjoin.bench.query_templates import LIFETIMES_S, RANGES_MIN, SLIDES_MIN, generate_queries
 from streamjoin.services.spark.sources import _check_formats
 from streamjoin.services.workloads import (AIRLINE_FIELDS, CARRIER_CODES, airline_stream, carrier_shares,
                                            flight_catalogue, generate, json_values)
@@ -140,7 +140,7 @@ def test_bad_rate_factors_are_refused(factors: dict, message: str) -> None:
 
 
 def test_rate_factors_leave_other_kinds_alone() -> None:
-    job = load("streamjoin/jobs/seed000.yaml")
+    job = load("streamjoin/jobs/equijoin.yaml")
     assert job.workload.rate_factors == {}
     cols = generate(job, 0, np.random.default_rng(1), T0, T0 + 2000, 500.0)
     assert 800 < len(cols["ts"]) < 1200

@@ -15,9 +15,10 @@ from hypothesis import given, settings, strategies as st
 from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.psp.messages import End, RoundInfo
 from streamjoin.schemas import control, ring as wire, ring_epochs
-from streamjoin.services import kafka, metrics
-from streamjoin.services.worker.output import flush
-from streamjoin.services.worker.ring import RingWorker
+from streamjoin.services import metrics
+from streamjoin.services.io import kafka
+from streamjoin.services.io.deliveries import flush
+from streamjoin.services.ring.node import RingWorker
 from streamjoin.settings import load
 from tests.profiles import examples
 

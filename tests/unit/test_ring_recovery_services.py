@@ -1,4 +1,4 @@
-"""The services' half of ring crash recovery without a broker (services/worker/ring_recovery.py):
+"""The services' half of ring crash recovery without a broker (services/ring/recovery.py):
 where rebuilding starts reading the round log, and which results a re-driven round skips."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.block import Block
 from streamjoin.engine.result_ids import RESULT_ID_HI, RESULT_ID_LO, result_id_hex
 from streamjoin.schemas.ring_epochs import LogMark
-from streamjoin.services.worker.ring_recovery import _logged, start_mark, unwritten
+from streamjoin.services.ring.recovery import _logged, start_mark, unwritten
 from tests.profiles import examples
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from streamjoin.schemas import ring_epochs
-from streamjoin.services import kafka, metrics
+from streamjoin.services import metrics
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator.ring import RingCoordination
-from streamjoin.settings import JobSettings, load
-from streamjoin.settings.job import SettingsError
+from streamjoin.settings import JobSettings, SettingsError, load
 
 T0 = 1000.0  # a monotonic time at which the layout is made
 

@@ -1,4 +1,4 @@
-"""The scale-out bench's backlog (streamjoin/bench/backlog.py) and its `--scale` option: the
+"""The scale-out bench's backlog (bench/backlog.py) and its `--scale` option: the
 records decode with the workers' JSON codec into the drawn values, are as long as the workload
 says and byte for byte what the sources' encoder writes for those values; every record's
 partition is Kafka's default partitioner on its key; each partition's event times ascend; the
@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from streamjoin.bench import backlog, scale
-from streamjoin.cli import app, default_job_file
+from streamjoin.cli import app
+from streamjoin.job_files import default_job_file
 from streamjoin.schemas.codecs import DECODERS
 from streamjoin.services import workloads
 from streamjoin.settings import JobSettings, StreamSpec, WindowSpec, load
@@ -24,7 +25,7 @@ START_MS = 1_700_000_000_000
 runner = CliRunner()
 
 
-def seed000(seed: int = 7, partitions: int = 12) -> JobSettings:
+def equijoin_job(seed: int = 7, partitions: int = 12) -> JobSettings:
     job = load(default_job_file())
     return job.model_copy(update={"partitions": partitions,
                                   "workload": job.workload.model_copy(update={"seed": seed, "domain": 1 << 14})})
@@ -47,7 +48,7 @@ def decode(spec: StreamSpec, values: list[bytes]):  # type: ignore[no-untyped-de
 
 
 def test_records_decode_into_the_drawn_values_at_the_workload_length() -> None:
-    job = seed000()
+    job = equijoin_job()
     for chunk in drawn(job)[:4]:
         spec = job.streams[chunk.stream]
         values, _ = records(job, chunk)
@@ -74,7 +75,7 @@ def test_records_are_what_the_sources_encoder_writes_for_those_values() -> None:
 
 
 def test_each_record_lands_where_kafkas_default_partitioner_puts_its_key() -> None:
-    job = seed000()
+    job = equijoin_job()
     for chunk in drawn(job)[:2]:
         _, keys = records(job, chunk)
         assert keys[:3] == [str(k).encode() for k in chunk.key[:3]]
@@ -82,7 +83,7 @@ def test_each_record_lands_where_kafkas_default_partitioner_puts_its_key() -> No
 
 
 def test_each_partition_holds_its_tuples_in_event_time_order_over_the_whole_span() -> None:
-    job = seed000()
+    job = equijoin_job()
     chunks = drawn(job)
     for stream in range(len(job.streams)):
         mine = [c for c in chunks if c.stream == stream]
@@ -94,7 +95,7 @@ def test_each_partition_holds_its_tuples_in_event_time_order_over_the_whole_span
 
 
 def test_the_backlog_is_a_function_of_the_seed() -> None:
-    first, again, other = drawn(seed000(7)), drawn(seed000(7)), drawn(seed000(8))
+    first, again, other = drawn(equijoin_job(7)), drawn(equijoin_job(7)), drawn(equijoin_job(8))
     assert all(np.array_equal(a.key, b.key) and np.array_equal(a.ts, b.ts) for a, b in zip(first, again))
     assert not np.array_equal(first[0].key[:100], other[0].key[:100])
 

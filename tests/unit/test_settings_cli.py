@@ -8,7 +8,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from streamjoin.cli import app, default_job_file
+from streamjoin.cli import app
+from streamjoin.job_files import default_job_file
 from streamjoin.settings import SettingsError, load
 
 runner = CliRunner()
@@ -80,7 +81,8 @@ def test_every_section_of_the_job_file_can_be_set_from_the_environment(monkeypat
     """A section missing from the environment reader is silently ignored there (splitjoin was)."""
     from pydantic import BaseModel
 
-    from streamjoin.settings.job import JobSettings, _EnvOnly
+    from streamjoin.settings import JobSettings
+    from streamjoin.settings.loading import _EnvOnly
 
     sections = {name for name, field in JobSettings.model_fields.items()
                 if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)}
@@ -128,10 +130,10 @@ def test_unimportable_udf_exits_2_at_worker_start(tmp_path: Path) -> None:
 def test_coordinator_defaults_are_the_papers() -> None:
     c = load(default_job_file()).coordinator
     assert c.placement == "sticky"  # groups move only when asked (move, drain) or when a worker dies
-    assert (c.buffer_bytes, c.reorg_epoch_ms) == (1 << 20, 20_000)  # seed 000 VI-A, Table 2
+    assert (c.buffer_bytes, c.reorg_epoch_ms) == (1 << 20, 20_000)  # the cluster join paper, VI-A, Table 2
     assert (c.supplier_occupancy, c.consumer_occupancy, c.scale_lambda) == (0.5, 0.01, 1.0)  # Table 2, V-A
-    assert c.yield_group == "random"  # seed 000 IV-C
-    assert (c.memory_balance_theta, c.memory_balance_interval_ms) == (0.8, 45_000)  # seed 003 5.1-5.2
+    assert c.yield_group == "random"  # the cluster join paper, IV-C
+    assert (c.memory_balance_theta, c.memory_balance_interval_ms) == (0.8, 45_000)  # the spill paper, 5.1-5.2
 
 
 @pytest.mark.parametrize("change, field", [

@@ -13,7 +13,8 @@ from pyspark.sql import functions as F
 
 from streamjoin.engine.reference import JOIN_TYPES, RefTuple, RefWindow, TupleRef, reference_outer_join
 from streamjoin.engine.result_ids import ABSENT
-from streamjoin.services.spark.verify import expected_results, production_delays, unmatched_delays
+from streamjoin.services.spark.compare import production_delays, unmatched_delays
+from streamjoin.services.spark.oracles import expected_results
 from streamjoin.settings import JobSettings, WindowSpec, load
 
 pytestmark = pytest.mark.spark

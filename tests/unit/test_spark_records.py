@@ -15,8 +15,8 @@ from streamjoin.engine.block import OFF, PART
 from streamjoin.schemas.results import H_OFFSET, H_PARTITION, H_REASON, H_TOPIC, dead_letter_headers
 from streamjoin.services.spark.kafka_source import RECORD_SCHEMA
 from streamjoin.services.spark.sources import block_values, generated_batch, generated_schema, records
-from streamjoin.services.spark.verify import (accepted_inputs, decode_ring_dead_letters, decode_tuples, hash_inputs,
-                                              mark_dead)
+from streamjoin.services.spark.input_records import (accepted_inputs, decode_ring_dead_letters, decode_tuples,
+                                                     hash_inputs, mark_dead)
 from streamjoin.services.workloads import generate
 from streamjoin.topology.partitioner import partition_for
 from streamjoin.settings import JobSettings, load
@@ -24,7 +24,7 @@ from tests.unit.ring_harness import decode
 
 pytestmark = pytest.mark.spark
 
-JOBS = {"seed000": {}, "band3": {}, "images": {"workload": {"pixels": 50}}}
+JOBS = {"equijoin": {}, "band3": {}, "images": {"workload": {"pixels": 50}}}
 
 
 def _generated(job: JobSettings) -> list[dict[str, np.ndarray]]:
@@ -65,7 +65,7 @@ def test_records_decode_without_rejects_byte_for_byte(spark, name: str) -> None:
         got, want = _sorted_rows({f: decoded.block[f] for f in spec.fields}), _sorted_rows(cols)
         for f in spec.fields:
             assert got[f].dtype == want[f].dtype and got[f].tobytes() == want[f].tobytes(), (spec.name, f)
-    if name == "seed000":  # JSON tuples padded to tuple_bytes, keyed by their join key
+    if name == "equijoin":  # JSON tuples padded to tuple_bytes, keyed by their join key
         assert {len(r.value) for r in written} == {job.workload.tuple_bytes}
         assert all(r.key == str(json.loads(r.value)["k"]).encode() for r in written)
 

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from streamjoin.engine.block import Block
 from streamjoin.schemas.codecs import BLOCK_SHIFT
-from streamjoin.schemas.result_codec import encode_avro, encode_blocks, result_layout
+from streamjoin.schemas.result_encode import encode_avro, encode_blocks
+from streamjoin.schemas.result_format import result_layout
 from streamjoin.schemas.results import RESULT_ID_HI, RESULT_ID_LO, ref_columns
 from streamjoin.services.spark.kafka_source import RECORD_SCHEMA
 from streamjoin.services.spark.result_records import (ID_OK, RECORD_OK, RESULT_ID, decode_results, final_watermarks,

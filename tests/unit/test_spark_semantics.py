@@ -7,7 +7,7 @@ import random
 import pytest
 
 from streamjoin.engine.reference import RefTuple, RefWindow, TupleRef, reference_join
-from streamjoin.services.spark.verify import expected_join
+from streamjoin.services.spark.oracles import expected_join
 from streamjoin.settings import WindowSpec
 
 pytestmark = pytest.mark.spark

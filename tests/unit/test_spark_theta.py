@@ -11,7 +11,7 @@ import pytest
 
 from streamjoin.engine.predicates import compile_terms
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join
-from streamjoin.services.spark.verify import expected_theta_join
+from streamjoin.services.spark.theta_oracle import expected_theta_join
 from streamjoin.settings import PredicateTerm, WindowSpec
 from tests.unit.ring_harness import pair_predicate
 

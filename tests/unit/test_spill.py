@@ -1,4 +1,4 @@
-"""Seed 003's disk-based adaptation through the worker's own batch path (processor, RocksDB
+"""The spill paper's disk-based adaptation through the worker's own batch path (processor, RocksDB
 state, spill policy): random streams, windows, budgets and push fractions. Probe mode's
 output equals the plain-Python reference after every batch; deferred mode's run-time output
 plus its clean-up output equals it once the watermark has passed every generation, with no
@@ -15,14 +15,15 @@ from hypothesis import strategies as st
 
 from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join
-from streamjoin.services.worker.intake import RecordBuffer, routing_for
-from streamjoin.services.worker.main import stream_templates
-from streamjoin.services.worker.processor import join_plan, run_cycle
+from streamjoin.schemas.join_keys import key_bytes
+from streamjoin.services.io.intake import RecordBuffer, routing_for
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash.processor import join_plan, run_cycle
 from streamjoin.settings import SpillSpec, load
 from streamjoin.state.spill import GroupActivity, choose_victims
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
-from streamjoin.topology.partitioner import key_bytes, partition_for
+from streamjoin.topology.partitioner import partition_for
 from tests.profiles import examples
 
 PARTITIONS = 8
@@ -79,7 +80,7 @@ class _Run:
 
     def restart(self) -> None:
         """A crash after the last commit: memory (and any pending push) is lost, disk is not."""
-        self.store.store.close()
+        self.store.rocksdb.close()
         self.open()
 
     def batch(self, tuples: list[tuple[int, int, int, int]], now_ms: int) -> None:
@@ -100,7 +101,7 @@ class _Run:
             for r in range(len(res)):
                 self.emitted.append(tuple((f"sp.{STREAMS[i]}", int(cols[i][0][r]), int(cols[i][1][r]))
                                           for i in range(m)))
-            tx = self.store.store.transaction()
+            tx = self.store.rocksdb.transaction()
             self.store.stage(tx, b.group, b.state, b.appended)
             tx.commit()
             self.store.observe(b.group, now_ms, sum(len(x) for x in b.appended), len(b.results))
@@ -134,7 +135,7 @@ def test_spilled_output_equals_the_reference(tmp_path_factory, w: dict, mode: st
     assert set(run.emitted) == run.reference(windows)
     if mode == "deferred":
         assert all(not s.checkpoint.generations for s in run.store.hot_groups().values())
-    run.store.store.close()
+    run.store.rocksdb.close()
 
 
 def test_deferred_spill_really_defers_and_cleans_up(tmp_path: Path) -> None:
@@ -153,7 +154,7 @@ def test_deferred_spill_really_defers_and_cleans_up(tmp_path: Path) -> None:
     assert len(run.emitted) == 2 and set(run.emitted) == run.reference([RefWindow(1000)] * 2)
     assert state.checkpoint.generations == []
     assert all(seq >= 2 for stream in state.stored for seq in stream)  # generation 1's blocks are gone
-    run.store.store.close()
+    run.store.rocksdb.close()
 
 
 def test_productivity_pushes_idle_then_unproductive_groups_first() -> None:

@@ -1,4 +1,4 @@
-"""SplitJoin's engine as a property (seed 001): for random core counts and
+"""SplitJoin's engine as a property: for random core counts and
 switches of it, windows, predicates, punctuation precision, lateness and the
 order and batch sizes in which each core reads the source partitions, every
 core numbers the input identically and the merger's output equals the
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streamjoin.engine.block import OFF, PART, Block
-from streamjoin.engine.psp.slices import G
+from streamjoin.engine.psp.slices import GLOBAL_SEQ
 from streamjoin.engine.reference import RefWindow, ThetaTuple, reference_theta_join, theta_order
 from streamjoin.engine.splitjoin.core import SplitCore, sequence_columns, splitjoin_plan
 from streamjoin.engine.splitjoin.input_order import InputOrder
@@ -87,7 +87,7 @@ def run_core(sc: dict, plan, position: int, rng: random.Random) -> tuple[list, d
         tuples = order.release()
         core.switch(order.schedule)
         for j, b in enumerate(tuples):
-            numbering.update({(j, int(p), int(o)): int(g) for p, o, g in zip(b[PART], b[OFF], b[G])})
+            numbering.update({(j, int(p), int(o)): int(g) for p, o, g in zip(b[PART], b[OFF], b[GLOBAL_SEQ])})
         outputs.append(core.process(tuples, order.horizon(), now_ms=0, caught_up=caught_up))
 
     while any(queues.values()):
@@ -224,12 +224,12 @@ def test_sequence_numbers_do_not_depend_on_fetch_order() -> None:
             for a in [a for a in arrivals if a.part == part]:
                 order.add(0, block_of([a]))
                 released = order.release()[0]
-                numbering |= dict(zip(zip(released[PART].tolist(), released[OFF].tolist()), released[G].tolist()))
+                numbering |= dict(zip(zip(released[PART].tolist(), released[OFF].tolist()), released[GLOBAL_SEQ].tolist()))
         for p in (0, 1):
             order.advance(0, p, FLUSH_TS)
         order.advance(1, 0, FLUSH_TS)
         released = order.release()[0]
-        numbering |= dict(zip(zip(released[PART].tolist(), released[OFF].tolist()), released[G].tolist()))
+        numbering |= dict(zip(zip(released[PART].tolist(), released[OFF].tolist()), released[GLOBAL_SEQ].tolist()))
         numberings.append(numbering)
     assert numberings[0] == numberings[1] and len(numberings[0]) > 0
 
@@ -255,7 +255,7 @@ def test_a_scale_mark_switches_at_the_first_tuple_past_every_partition_before_it
             order.advance(0, p, FLUSH_TS)
         order.advance(1, 0, FLUSH_TS)
         released = order.release()[0]
-        first = int(released[G][released["_ts"] == 35][0])
+        first = int(released[GLOBAL_SEQ][released["_ts"] == 35][0])
         assert order.schedule.epochs[-1].cores == 3
         firsts.append(order.schedule.epochs[-1].first_g)
         assert firsts[-1] == first  # ts 20 (after its mark, yet earlier than 30) stays in the old epoch

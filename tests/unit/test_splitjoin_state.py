@@ -17,13 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streamjoin.engine.block import OFF, PART, Block
-from streamjoin.engine.psp.slices import G
+from streamjoin.engine.psp.slices import GLOBAL_SEQ
 from streamjoin.engine.reference import RefWindow
 from streamjoin.engine.splitjoin.input_order import InputOrder
 from streamjoin.engine.splitjoin.core import SplitCore
 from streamjoin.engine.splitjoin.schedule import Schedule
 from streamjoin.state import changelog
 from streamjoin.state import splitjoin as state
+from streamjoin.state import splitjoin_records as core_records
 from tests.unit.psp_harness import Arrival, block_of, make_plan, template, terms_of
 from tests.profiles import examples
 
@@ -72,7 +73,7 @@ class Rig:
     spec: state.CoreSpec
     sc: dict
     rng: random.Random
-    records: list[state.Record] = field(default_factory=list)
+    records: list[core_records.Record] = field(default_factory=list)
     results: list[tuple[int, Block]] = field(default_factory=list)  # (through, results) per release written
     checkpoints: int = 0
 
@@ -137,7 +138,7 @@ class Rig:
             self.log.landed(k, len(self.records))
             self.records.append((k, v, len(self.records)))
         ck = self.log.checkpoint(self.core, self.order, self.positions(), out.punctuation, out.retired)
-        self.records.append((state.CHECKPOINT_KEY, ck.encode(), len(self.records)))
+        self.records.append((core_records.CHECKPOINT_KEY, ck.encode(), len(self.records)))
         self.taken = [[] for _ in self.taken]
         self.checkpoints += 1
 
@@ -170,7 +171,7 @@ def accepted(results: list[tuple[int, Block]]) -> list[tuple]:
     taken, out = 0, []
     for through, block in results:
         if len(block):
-            keep = np.maximum(block[f"s0.{G}"], block[f"s1.{G}"]) >= taken
+            keep = np.maximum(block[f"s0.{GLOBAL_SEQ}"], block[f"s1.{GLOBAL_SEQ}"]) >= taken
             out += list(zip(block["s0.partition"][keep].tolist(), block["s0.offset"][keep].tolist(),
                             block["s1.partition"][keep].tolist(), block["s1.offset"][keep].tolist()))
         taken = max(taken, through)
@@ -233,13 +234,13 @@ def test_records_after_the_newest_checkpoint_are_ignored() -> None:
         rig.release()
     at_checkpoint = rig.restore()
     end = len(rig.records)
-    rig.records += [(state.block_key(0, 999), b"not a block", end), (state.block_key(0, 0), None, end + 1),
-                    (state.pending_key(1, 5), b"junk", end + 2), (b"checkpoint#0000/0002", b"{", end + 3)]
+    rig.records += [(core_records.block_key(0, 999), b"not a block", end), (core_records.block_key(0, 0), None, end + 1),
+                    (core_records.pending_key(1, 5), b"junk", end + 2), (b"checkpoint#0000/0002", b"{", end + 3)]
     again = rig.restore()
     assert_same(at_checkpoint.order, at_checkpoint.core, again)
     rig.adopt(again)
     rig.release()  # the first transaction after the restore notes what to skip from now on
-    assert rig.records[end + 4][0] == state.RESTART_KEY
+    assert rig.records[end + 4][0] == core_records.RESTART_KEY
     assert state.newest_checkpoint(rig.records)[0].skip[-1] == (end, end + 4)
     assert_same(rig.order, rig.core, rig.restore())
 
@@ -255,10 +256,10 @@ def test_a_block_record_lost_below_the_checkpoint_is_a_clear_error() -> None:
         if live:
             key, value, offset = rig.records[live[0].offset]
             rig.records[live[0].offset] = (b"block/elsewhere", value, offset)
-            with pytest.raises(state.SplitJoinStateError):
+            with pytest.raises(core_records.SplitJoinStateError):
                 rig.restore()
             rig.records[live[0].offset] = (b"other", value, offset)
-            with pytest.raises(state.SplitJoinStateError, match="records are missing"):
+            with pytest.raises(core_records.SplitJoinStateError, match="records are missing"):
                 rig.restore()
             return
     pytest.fail("no scenario stored a tuple")
@@ -299,7 +300,7 @@ def test_a_core_added_by_a_scale_starts_from_core_0s_snapshot() -> None:
 
 # --------------------------------------------------------------------------- hostile checkpoints
 
-def valid_checkpoint() -> state.CoreCheckpoint:
+def valid_checkpoint() -> core_records.CoreCheckpoint:
     sc = scenario(random.Random(4))
     rig = Rig(spec_of(sc, 0), sc, random.Random(4))
     while rig.read():
@@ -310,15 +311,15 @@ def valid_checkpoint() -> state.CoreCheckpoint:
 
 def test_checkpoint_round_trip() -> None:
     ck = valid_checkpoint()
-    assert state.CoreCheckpoint.decode(ck.encode()) == ck
+    assert core_records.CoreCheckpoint.decode(ck.encode()) == ck
 
 
 @pytest.mark.parametrize("raw", [
     None, b"", b"{", b"[]", b"\xff\xfe", b'{"version": 2}',
 ])
 def test_unreadable_checkpoints_raise_a_clear_error(raw: bytes | None) -> None:
-    with pytest.raises(state.SplitJoinStateError, match="unreadable SplitJoin core checkpoint"):
-        state.CoreCheckpoint.decode(raw)
+    with pytest.raises(core_records.SplitJoinStateError, match="unreadable SplitJoin core checkpoint"):
+        core_records.CoreCheckpoint.decode(raw)
 
 
 @pytest.mark.parametrize("change", [
@@ -333,8 +334,8 @@ def test_inconsistent_checkpoints_raise_a_clear_error(change: dict) -> None:
             data[k] = data[k] | v
         else:
             data[k] = v
-    with pytest.raises(state.SplitJoinStateError):
-        state.CoreCheckpoint.decode(json.dumps(data).encode())
+    with pytest.raises(core_records.SplitJoinStateError):
+        core_records.CoreCheckpoint.decode(json.dumps(data).encode())
 
 
 def test_a_checkpoint_of_another_core_or_other_partitions_is_refused() -> None:
@@ -343,10 +344,10 @@ def test_a_checkpoint_of_another_core_or_other_partitions_is_refused() -> None:
     while rig.read():
         rig.release()
     rig.release()
-    with pytest.raises(state.SplitJoinStateError, match="core 0's"):
+    with pytest.raises(core_records.SplitJoinStateError, match="core 0's"):
         state.restore(spec_of(sc, 1), rig.records, len(rig.records))
     other = dict(sc, partitions=tuple(n + 1 for n in sc["partitions"]))
-    with pytest.raises(state.SplitJoinStateError, match="partition count changed"):
+    with pytest.raises(core_records.SplitJoinStateError, match="partition count changed"):
         state.restore(spec_of(other, 0), rig.records, len(rig.records))
 
 
@@ -358,13 +359,13 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 
 @settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode()),
-                 st.tuples(st.sampled_from(sorted(state.CoreCheckpoint.model_fields)), json_values)))
+                 st.tuples(st.sampled_from(sorted(core_records.CoreCheckpoint.model_fields)), json_values)))
 def test_the_checkpoint_decoder_raises_nothing_but_its_error(raw: object) -> None:
     if isinstance(raw, tuple):  # a valid checkpoint with one field replaced by anything
         data = json.loads(VALID.encode())
         data[raw[0]] = raw[1]
         raw = json.dumps(data).encode()
     try:
-        state.CoreCheckpoint.decode(raw)
-    except state.SplitJoinStateError:
+        core_records.CoreCheckpoint.decode(raw)
+    except core_records.SplitJoinStateError:
         pass

@@ -11,15 +11,16 @@ from typing import Callable
 import numpy as np
 
 from streamjoin.bench.local_records import LocalRecord
-from streamjoin.services.worker.intake import RecordBuffer, routing_for
-from streamjoin.services.worker.main import stream_templates
-from streamjoin.services.worker.processor import join_plan, run_cycle
+from streamjoin.schemas.join_keys import key_bytes
+from streamjoin.services.io.intake import RecordBuffer, routing_for
+from streamjoin.services.io.templates import stream_templates
+from streamjoin.services.hash.processor import join_plan, run_cycle
 from streamjoin.state.partition import seq_of, window_prefix
 from streamjoin.state.store import Store
 from streamjoin.state.transaction import StateTransaction
-from streamjoin.state.windowed import WindowedStore
+from streamjoin.state.windowed import BLOCK_SEQ, WindowedStore
 from streamjoin.settings import load
-from streamjoin.topology.partitioner import key_bytes, partition_for
+from streamjoin.topology.partitioner import partition_for
 
 
 GROUP = 3
@@ -52,7 +53,7 @@ def _feed(job, store: WindowedStore, group: int, batches: int,
             offset[i] += 1
         (gb,) = run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=0)
         assert gb.group == group
-        tx = store.store.transaction()
+        tx = store.rocksdb.transaction()
         store.stage(tx, group, gb.state, gb.appended)
         tx.commit()
         after_each(store, tx)
@@ -69,17 +70,17 @@ def test_restored_window_equals_memory_and_dead_blocks_are_deleted(tmp_path: Pat
         _feed(job, store, group=GROUP, batches=12)
         live = store.get(3)
         assert live.window.tuples > 0
-        stored_blocks = [len(list(store.store.scan(window_prefix(3, i)))) for i in (0, 1)]
+        stored_blocks = [len(list(store.rocksdb.scan(window_prefix(3, i)))) for i in (0, 1)]
         assert 0 < max(stored_blocks) < 12  # expired batches' blocks are gone, live ones kept
         expected, ckpt = _snapshot(live.window), live.checkpoint
-        store.store.close()
+        store.rocksdb.close()
 
         reopened = WindowedStore(Store(tmp_path / str(rows) / "db"), join_plan(job), stream_templates(job), 1 << 30)
         restored = reopened.get(3)
         assert _snapshot(restored.window) == expected
         assert restored.checkpoint == ckpt and restored.checkpoint.seq == 12
         assert restored.window.watermark == live.window.watermark
-        reopened.store.close()
+        reopened.rocksdb.close()
 
 
 def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
@@ -90,7 +91,7 @@ def test_cold_groups_are_evicted_and_reloaded(tmp_path: Path) -> None:
     store.push(store.hot_size, now_ms=0)
     assert store.hot_groups() == {} and store.hot_size == 0
     assert _snapshot(store.get(3).window) == before
-    assert np.all(store.get(3).window.state[0]["_blk"] >= 1)
+    assert np.all(store.get(3).window.state[0][BLOCK_SEQ] >= 1)
 
 
 def test_group_bytes_are_each_groups_window_hot_or_cold(tmp_path: Path) -> None:
@@ -104,11 +105,11 @@ def test_group_bytes_are_each_groups_window_hot_or_cold(tmp_path: Path) -> None:
     assert store.group_bytes({GROUP}) == {GROUP: size}  # evicted to RocksDB, still counted
     store.forget(GROUP)
     assert store.group_bytes({GROUP}) == {GROUP: 0}  # no longer owned
-    store.store.close()
+    store.rocksdb.close()
     reopened = WindowedStore(Store(tmp_path / "db"), join_plan(job), stream_templates(job), memory_bytes=1)
     reopened.get(GROUP)
     assert reopened.group_bytes({GROUP}) == {GROUP: size}  # a restored window reports its size
-    reopened.store.close()
+    reopened.rocksdb.close()
 
 
 def test_a_stored_block_lives_exactly_while_one_of_its_tuples_does(tmp_path: Path) -> None:
@@ -117,11 +118,11 @@ def test_a_stored_block_lives_exactly_while_one_of_its_tuples_does(tmp_path: Pat
     def blocks_match_live_tuples(store: WindowedStore, _: StateTransaction) -> None:
         state = store.get(GROUP)
         for i in (0, 1):
-            on_disk = {seq_of(k) for k, _ in store.store.scan(window_prefix(GROUP, i))}
-            assert on_disk == set(state.stored[i]) == set(state.window.state[i]["_blk"].tolist())
+            on_disk = {seq_of(k) for k, _ in store.rocksdb.scan(window_prefix(GROUP, i))}
+            assert on_disk == set(state.stored[i]) == set(state.window.state[i][BLOCK_SEQ].tolist())
 
     for rows in (False, True):
         job = _job(tmp_path / str(rows), rows)
         store = WindowedStore(Store(tmp_path / str(rows) / "db"), join_plan(job), stream_templates(job), 1 << 30)
         _feed(job, store, GROUP, batches=12, after_each=blocks_match_live_tuples)
-        store.store.close()
+        store.rocksdb.close()

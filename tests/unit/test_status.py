@@ -1,4 +1,4 @@
-"""`streamjoin status` (services/coordinator/status.py, streamjoin/cli.py): each worker's row
+"""`streamjoin status` (services/coordinator/status.py, streamjoin/cli/fleet.py): each worker's row
 carries its spill from its newest heartbeat (memory against the budget, bytes on disk,
 generations, clean-up backlog), in the snapshot, the `--json` output and the table. The
 placement and heartbeats are stubbed: no broker."""
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from streamjoin.cli import app
 from streamjoin.schemas import control
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import status
 from streamjoin.settings import load
 
@@ -29,7 +29,7 @@ def _snapshot(monkeypatch: pytest.MonkeyPatch) -> dict:
                              generations=4, cleanup_backlog_bytes=3_000_000, spilled_groups=[0])
     monkeypatch.setattr(status.placing, "load_records", lambda job, cluster: records)
     monkeypatch.setattr(status, "latest_heartbeats", lambda job, cluster: {"w0": beat})
-    return status.snapshot(load("streamjoin/jobs/seed000.yaml"), kafka.Cluster("127.0.0.1:1"))
+    return status.snapshot(load("streamjoin/jobs/equijoin.yaml"), kafka.Cluster("127.0.0.1:1"))
 
 
 def test_the_snapshot_shows_each_workers_spill(monkeypatch: pytest.MonkeyPatch) -> None:

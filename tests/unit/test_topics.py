@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from typer.testing import CliRunner
 
 from streamjoin.cli import app
-from streamjoin.services import kafka
+from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings, SettingsError, load
 from streamjoin.topology import topics
 
@@ -185,7 +185,7 @@ def test_check_raises_on_wrong_partitions_of_a_fixed_topic_only() -> None:
 
 def test_a_hop_topic_is_created_from_its_plan() -> None:
     admin = FakeAdmin()
-    # What services/worker/ring.py's ensure_hop_topic does (that module is not importable at this commit).
+    # What services/ring/node.py's ensure_hop_topic does (that module is not importable at this commit).
     topics.create_missing(admin, [topics.hop_plan(ring_job(), "w2")])  # type: ignore[arg-type]
     assert admin.topics["t.ring.w2"].partitions == 1
     assert admin.topics["t.ring.w2"].config == {"segment.ms": "600000", "cleanup.policy": "delete",

@@ -1,10 +1,10 @@
-"""The per-tuple profile tool (streamjoin/bench/tuple_cost.py) on a small run: every phase
+"""The per-tuple profile tool (bench/tuple_cost.py) on a small run: every phase
 is measured and adds up, and the worker's path joins what it is fed."""
 
 from __future__ import annotations
 
 from streamjoin.bench import tuple_cost
-from streamjoin.services.worker import processor
+from streamjoin.services.hash import processor
 
 
 def test_a_small_run_times_every_phase_of_the_workers_path() -> None:

@@ -1,5 +1,5 @@
 """services/workloads.py: deterministic batches of the right columns and types, the
-arrival process, and each kind's distributions (images: the asked-for selectivity; seed003:
+arrival process, and each kind's distributions (images: the asked-for selectivity; productivity:
 keys in their partition group, same-key partners per tuple growing with the group's join ratio)."""
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from typer.testing import CliRunner
 
 from streamjoin.cli import app
 from streamjoin.engine.udfs import pixel_similarity
+from streamjoin.schemas.join_keys import key_bytes, key_text
 from streamjoin.services.spark.sources import _check_formats
-from streamjoin.services.workloads import (generate, group_domains, group_keys, json_lengths, json_values,
-                                           poisson_times, sample, scenes, seed003_key_field)
+from streamjoin.services.workloads import (generate, group_domains, group_key_field, group_keys, json_lengths,
+                                           json_values, poisson_times, sample, scenes)
 from streamjoin.settings import JobSettings, SettingsError, load
-from streamjoin.topology.partitioner import key_bytes, key_text, partition_for, partitions_for_keys
+from streamjoin.topology.partitioner import partition_for, partitions_for_keys
 from tests.profiles import examples
 
-JOBS = ["seed000", "band", "band3", "images"]
+JOBS = ["equijoin", "band", "band3", "images"]
 DTYPE_KINDS = {"int": "i", "float": "f", "str": "U", "bool": "b", "bytes": "S"}
 T0 = 1_700_000_000_000
 
@@ -80,7 +81,7 @@ def test_poisson_rate() -> None:
 
 
 def test_equijoin_keys_and_padding() -> None:
-    job = job_of("seed000", workload={"domain": 1024, "tuple_bytes": 64})
+    job = job_of("equijoin", workload={"domain": 1024, "tuple_bytes": 64})
     spec = job.streams[0]
     cols = batch(job, 0)
     assert np.all((cols["k"] >= 0) & (cols["k"] < 1024))
@@ -88,7 +89,7 @@ def test_equijoin_keys_and_padding() -> None:
     assert np.all(json_lengths(spec, cols) == 64)  # the pad brings every record to tuple_bytes
 
 
-@pytest.mark.parametrize("name", ["seed000", "band", "band3"])
+@pytest.mark.parametrize("name", ["equijoin", "band", "band3"])
 def test_json_values_parse_back_to_the_columns_at_the_measured_lengths(name: str) -> None:
     job = job_of(name)
     for i, spec in enumerate(job.streams):
@@ -129,14 +130,14 @@ def test_image_ids_run_and_scenes_are_shared() -> None:
     assert pixel_similarity(cols[0]["img"][:1].repeat(len(cols[2]["img"])), cols[2]["img"]).any()
 
 
-# ---------------------------------------------------------------- seed003
+# ---------------------------------------------------------------- productivity (the spill paper's workload)
 
 
 def seed003_job(partitions: int = 6, key_type: str = "int", **workload: object) -> JobSettings:
-    """Seed 003's 3-way join a x b x c on key k, over the seed000 job file's other settings."""
+    """The spill paper's 3-way join a x b x c on key k, over the equi-join job file's other settings."""
     streams = [{"name": n, "fields": {"k": key_type, "ts": "int", "pad": "str"}, "time_field": "ts",
                 "key_fields": ["k"], "window": {"range_ms": 60000}} for n in "abc"]
-    return job_of("seed000", partitions=partitions, streams=streams, workload={"kind": "seed003", **workload})
+    return job_of("equijoin", partitions=partitions, streams=streams, workload={"kind": "productivity", **workload})
 
 
 def groups_of(keys: np.ndarray, key_type: str, partitions: int) -> np.ndarray:
@@ -224,8 +225,8 @@ def test_seed003_partners_per_tuple_grow_with_the_join_ratio(ranges: int) -> Non
 def test_seed003_bad_settings_name_the_field(tmp_path: Path, workload: dict, field: str) -> None:
     with pytest.raises(SettingsError, match=field):
         seed003_job(**workload)
-    data = yaml.safe_load(Path("streamjoin/jobs/seed000.yaml").read_text())
-    data["workload"].update(kind="seed003", **workload)
+    data = yaml.safe_load(Path("streamjoin/jobs/equijoin.yaml").read_text())
+    data["workload"].update(kind="productivity", **workload)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
     result = CliRunner().invoke(app, ["topics", "check", "--job", str(tmp_path / "job.yaml"),
                                       "--bootstrap", "127.0.0.1:1"])
@@ -239,7 +240,7 @@ def test_seed003_needs_one_int_or_str_key_field(update: dict) -> None:
     job = seed003_job()
     spec = job.streams[1].model_copy(update=update)
     with pytest.raises(ValueError, match="stream b"):
-        seed003_key_field(spec)
+        group_key_field(spec)
     with pytest.raises(ValueError, match="stream b"):
         _check_formats(job.model_copy(update={"streams": [job.streams[0], spec, job.streams[2]]}))
 

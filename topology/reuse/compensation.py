@@ -1,4 +1,4 @@
-"""Compensation operators (seed 002 section 3.1): what turns a shared operator's result
+"""Compensation operators (the StreamReuse paper, section 3.1): what turns a shared operator's result
 blocks back into one query's results.
 
 Per query, over a whole block with NumPy: its selections the operator's cover does not

@@ -1,4 +1,4 @@
-"""Seed 002's network-usage cost model (section 2.2), for operators that are hash-mode jobs.
+"""The StreamReuse paper's network-usage cost model (section 2.2), for operators that are hash-mode jobs.
 
 Usage is bytes/s crossing between regions weighted by their latency (`QueriesSpec.latency`;
 0 within a region by default), and a choice's cost is its usage per second times how long
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Mapping, Sequence
 
 from streamjoin.schemas.query import Column, Literal_, Query, Registration
-from streamjoin.settings.job import QueriesSpec, StreamSpec
+from streamjoin.settings import QueriesSpec, StreamSpec
 from streamjoin.topology.reuse.operator import JoinClasses, OperatorDef, expiry, later, selection_map
 
 DEFAULT_RATE = 100.0            # tuples/s of a stream nothing has measured
@@ -162,7 +162,7 @@ class Network:
         return self.latency_ms[self.index(a)][self.index(b)]
 
     def bit(self, region: str) -> int:
-        """`region`'s RID bit (seed 002 section 4.2): `1 << index`."""
+        """`region`'s RID bit (the StreamReuse paper, section 4.2): `1 << index`."""
         return 1 << self.index(region)
 
     @property

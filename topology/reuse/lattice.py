@@ -1,4 +1,4 @@
-"""The reuse lattice (seed 002 section 4): a filter tree over the deployed operators with
+"""The reuse lattice (the StreamReuse paper, section 4): a filter tree over the deployed operators with
 region bit-vectors.
 
 Levels, each a dict keyed by the level's partitioning condition:
@@ -23,12 +23,11 @@ their column set. No level looks at an operator that a coarser key already exclu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Iterator, Mapping
+from typing import Hashable, Iterator
 
 from streamjoin.schemas.query import Query, Registration
 from streamjoin.topology.reuse.operator import (
-    OperatorDef, answers, base_match, cover_implied, lifetime_covers, needed_columns, selection_map,
-    windows_contain,
+    OperatorDef, cover_implied, lifetime_covers, needed_columns, selection_map, windows_contain,
 )
 
 ALL_REGIONS = -1  # every bit set: no locality restriction
@@ -177,12 +176,3 @@ class ReuseLattice:
     def _within(node: _Node, mask: int) -> Iterator[tuple[Hashable, _Node]]:
         """The children of `node` with an operator in the mask's regions (NID pruning)."""
         return ((key, child) for key, child in node.children.items() if child.nid & mask)
-
-
-def brute_force(ops: Mapping[str, tuple[OperatorDef, int]], query_or_reg: Query | Registration,
-                regions: int | None, relax: bool) -> list[str]:
-    """The lattice's search by a scan of every operator (id -> (definition, region bit)):
-    the statement `ReuseLattice.search` is tested against."""
-    mask = _mask(regions)
-    matches = base_match if relax else answers
-    return sorted(op_id for op_id, (op, bit) in ops.items() if bit & mask and matches(op, query_or_reg))

@@ -1,8 +1,8 @@
-"""Shared join operators and their relaxation (seed 002 sections 3 and 3.1).
+"""Shared join operators and their relaxation (the StreamReuse paper, sections 3 and 3.1).
 
 An operator is one hash-mode streamjoin job. It reads its sources' whole Kafka
 topics, keeps the tuples that pass its selection cover (pushed down as each
-stream's `StreamSpec.where`: cascading relaxation, seed 002 section 3.1 step 5),
+stream's `StreamSpec.where`: cascading relaxation, the paper's section 3.1 step 5),
 decodes only its projected fields, joins all sources on one composite key (one
 column of each source per join class) with RANGE windows `T - ts_i < range_i`,
 and emits result blocks whose columns are `event_time`, and per stream
@@ -10,7 +10,7 @@ and emits result blocks whose columns are `event_time`, and per stream
 fields. Each query on it is answered by compensation (compensation.py) over
 those blocks.
 
-Relaxation rules (minimal, seed 002 section 3.1 steps 1-4):
+Relaxation rules (minimal, the paper's section 3.1 steps 1-4):
   selection cover  per column: the union of the value sets where both sides
                    constrain the column; dropped where only one does (an
                    IN-list cover is conjunctive per column, so this is the
@@ -192,7 +192,7 @@ def for_query(reg: Registration, region: str) -> OperatorDef:
 
 
 def base_match(op: OperatorDef, query: Query | Registration) -> bool:
-    """Seed 002's base conditions: the same sources and identical join classes (group-by
+    """The StreamReuse paper's base conditions: the same sources and identical join classes (group-by
     containment holds trivially: our subset has no group-by)."""
     query = _query(query)
     return op.sources == tuple(sorted(query.sources)) and op.join_classes == query.join_classes

@@ -1,4 +1,4 @@
-"""The reuse planner (seed 002 sections 2.2-4): for each new query, reuse an operator as
+"""The reuse planner (the StreamReuse paper, sections 2.2-4): for each new query, reuse an operator as
 it is, relax one, or deploy a fresh one near the sink, whichever the cost model finds
 cheapest; narrow or remove operators as queries leave.
 
@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Literal, Mapping, Sequence
 
 from streamjoin.schemas.query import Registration
-from streamjoin.settings.job import QueriesSpec, StreamSpec
+from streamjoin.settings import QueriesSpec, StreamSpec
 from streamjoin.topology.reuse.compensation import Compensation, compensation
 from streamjoin.topology.reuse.cost import DEFAULT_HORIZON_MS, CandidateCost, CostModel, Network, Statistics
 from streamjoin.topology.reuse.lattice import ReuseLattice

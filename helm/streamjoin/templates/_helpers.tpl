@@ -65,6 +65,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
+{{- define "streamjoin.sparkImage" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.sparkTag | default .Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
 {{- define "streamjoin.bootstrap" -}}
 {{- required "kafka.bootstrap is required: the Kafka bootstrap servers, e.g. my-kafka:9092" .Values.kafka.bootstrap }}
 {{- end }}

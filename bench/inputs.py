@@ -1,0 +1,32 @@
+"""The input our workers joined, as Arrow tables: what the peers that do not
+read Kafka (Spark's file source, the reference join) are given, so every
+engine joins exactly the same tuples, not merely tuples from the same seed.
+
+One Spark batch read of the input topics through the project's Kafka data
+source, the JSON parsed with the verifier's schema of each stream."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from streamjoin.services.io.kafka import Cluster
+from streamjoin.services.spark.input_records import value_schema
+from streamjoin.services.spark.kafka_source import NAME as KAFKA
+from streamjoin.services.spark.kafka_source import options as kafka_options
+from streamjoin.settings import JobSettings
+
+ARRIVAL = "arrival_ms"  # the Kafka record timestamp: when the tuple reached the broker
+
+
+def export_inputs(spark: SparkSession, job: JobSettings, cluster: Cluster) -> dict[str, pa.Table]:
+    """Per stream: partition, offset, arrival_ms and the stream's fields, in arrival order."""
+    out = {}
+    for spec in job.streams:
+        raw = spark.read.format(KAFKA).options(**kafka_options(cluster)).option("topics", job.topic_of(spec)).load()
+        parsed = raw.select("partition", "offset", F.col("timestamp_ms").alias(ARRIVAL),
+                            F.from_json(F.col("value").cast("string"), value_schema(spec)).alias("v"))
+        table = parsed.select("partition", "offset", ARRIVAL, "v.*").toArrow()
+        out[spec.name] = table.sort_by([(ARRIVAL, "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+    return out

@@ -1,0 +1,305 @@
+"""Our side of a benchmark, for any hash-partitioned job: the rate sweep
+(capacity and the delay-versus-rate curve) and the backlog replay (sustained
+throughput).
+
+Sweep. One job and one fleet per worker count; Spark `sources` writes a
+staircase of rising rates into it, a step at a time, and the workers drain
+each step before the next starts. Afterwards Spark `verify` checks the whole
+run's output exact, and every result's delay is computed from the results
+topic and the inputs' Kafka timestamps (the verifier's definition:
+produced_ms minus the timestamp of the result's newest input), so each step
+gets exact percentiles, assigned by the arrival of the result's newest
+input. The verifier's overall percentiles cross-check them.
+
+Live. `fleet_delays` reads the workers' own delay histograms (Prometheus),
+for runs that only need counts, means and shares under a bucket edge.
+
+Replay. A second job reads the same input topics from offset 0 with a fresh
+fleet: a backlog, so the committed offsets climb as fast as the workers can
+join. Its output must equal the verified run's output id for id (same input
+topics, so the same result ids). `replay` is the same drain with another join
+type on the input (its caller checks the output, e.g. an inner replay of a
+left join's input against that output less its rows alone).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamjoin.schemas.result_decode import decode_results
+from streamjoin.schemas.result_format import result_layout
+from streamjoin.schemas.results import PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, ref_columns
+from streamjoin.services.io import kafka
+from streamjoin.bench.env import BenchEnv
+from streamjoin.bench.report import delay_stats, overloaded, sustained_rate
+from streamjoin.launcher import Fleet, wait_drained, write_job
+from streamjoin.settings import JobSettings
+from streamjoin.topology import topics
+
+DELAY_METRIC = "streamjoin_production_delay_seconds"
+VERIFY_KEYS = ("verified", "missing", "extra", "duplicates", "bad_ids", "lost", "expected", "results", "inputs",
+               "dead_letter", "delay_ms")
+
+
+@dataclass(frozen=True)
+class Step:
+    rate: float  # target tuples/s per stream
+    seconds: float
+
+
+# ---------------------------------------------------------------- live delay histograms
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A worker's `streamjoin_production_delay_seconds`: cumulative bucket counts (upper edges in
+    seconds, +inf last) and the sum. Exact for the count, the mean and the share under a bucket
+    edge; percentiles are interpolated within buckets (Prometheus' histogram_quantile), so runs
+    that need exact percentiles compute them from the topics (`result_delays`)."""
+
+    edges: np.ndarray
+    cumulative: np.ndarray
+    total: float
+
+    def __sub__(self, other: "Histogram") -> "Histogram":
+        return Histogram(self.edges, self.cumulative - other.cumulative, self.total - other.total)
+
+    def __add__(self, other: "Histogram") -> "Histogram":
+        return Histogram(self.edges, self.cumulative + other.cumulative, self.total + other.total)
+
+    @property
+    def count(self) -> int:
+        return int(self.cumulative[-1])
+
+    def quantile_ms(self, q: float) -> float | None:
+        """Linear within the bucket holding rank q; beyond the last finite edge, that edge (a lower bound)."""
+        if self.count == 0:
+            return None
+        rank = q * self.count
+        i = int(np.searchsorted(self.cumulative, rank, side="left"))
+        if i >= len(self.edges) - 1:
+            return float(self.edges[-2] * 1000)
+        lo_edge = self.edges[i - 1] if i else 0.0
+        lo_count = self.cumulative[i - 1] if i else 0
+        inside = self.cumulative[i] - lo_count
+        share = (rank - lo_count) / inside if inside else 1.0
+        return float((lo_edge + (self.edges[i] - lo_edge) * share) * 1000)
+
+    def stats(self, threshold_s: float) -> dict:
+        """delay_stats' keys: exact count, mean and share at or under the threshold (a bucket
+        edge); interpolated percentiles."""
+        if self.count == 0:
+            return {"count": 0, "mean_ms": None, "p50_ms": None, "p95_ms": None, "p99_ms": None,
+                    "under_threshold": None}
+        at = int(np.searchsorted(self.edges, threshold_s))
+        if at >= len(self.edges) or not np.isclose(self.edges[at], threshold_s):
+            raise ValueError(f"threshold {threshold_s}s is not a bucket edge of {DELAY_METRIC}: {self.edges}")
+        return {"count": self.count, "mean_ms": self.total / self.count * 1000,
+                "p50_ms": self.quantile_ms(0.5), "p95_ms": self.quantile_ms(0.95), "p99_ms": self.quantile_ms(0.99),
+                "under_threshold": float(self.cumulative[at] / self.count)}
+
+
+def scrape_delays(port: int, metric: str = DELAY_METRIC) -> Histogram:
+    """One worker's production-delay histogram (or another delay histogram) from its /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    buckets: dict[float, float] = {}
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != metric:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] = sample.value
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+    edges = np.array(sorted(buckets))
+    return Histogram(edges, np.array([buckets[e] for e in edges]), total)
+
+
+def fleet_delays(fleet: Fleet, workers: Sequence[str], metric: str = DELAY_METRIC) -> Histogram:
+    """The fleet's histograms summed: scrape before and after a stretch and subtract."""
+    hists = [scrape_delays(fleet.metrics_ports[w], metric) for w in workers]
+    out = hists[0]
+    for h in hists[1:]:
+        out = out + h
+    return out
+
+
+# ---------------------------------------------------------------- fleets
+
+
+def start_fleet(env: BenchEnv, job: JobSettings, workers: int, wait: bool = True) -> tuple[Fleet, list[str]]:
+    """Topics, coordinator and `workers` workers on `job` (and their ids); with `wait`, returns once
+    every group is placed."""
+    job_dir = env.workdir / job.job
+    topics.ensure(env.cluster.admin(), job)
+    fleet = Fleet(job, write_job(job, job_dir / "job.yaml"), env.bootstrap, job_dir / "logs")
+    env.stack.callback(fleet.stop_all)
+    ids = [f"worker-{i}" for i in range(workers)]
+    fleet.start_coordinator()
+    for w in ids:
+        fleet.start_worker(w)
+    if wait:
+        fleet.wait_assigned(ids)
+    return fleet, ids
+
+
+def fleet_job(job: JobSettings, env: BenchEnv, name: str, workers: int) -> JobSettings:
+    """`job` renamed (own results, control and consumer group), with its own state and expected workers."""
+    return job.model_copy(update={
+        "job": name, "bootstrap": env.bootstrap,
+        "worker": job.worker.model_copy(update={"state_dir": env.workdir / name / "state"}),
+        "coordinator": job.coordinator.model_copy(update={"expected_workers": workers}),
+    })
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def run_sweep(env: BenchEnv, job: JobSettings, workers: int, steps: Sequence[Step], threshold_s: float) -> dict:
+    """The whole staircase on a fresh fleet of `workers`: every step, so the curve shows the
+    knee and the key domain planned for the whole staircase holds; returns the steps with
+    exact delays, the verifier's report and how often a worker had to be restarted."""
+    from streamjoin.services.spark.sources import run_sources
+    from streamjoin.services.spark.verify import run_verify
+
+    fleet, _ = start_fleet(env, job, workers)
+    done: list[dict] = []
+    for i, step in enumerate(steps):
+        env.console.print(f"[bold cyan]bench[/] {workers} worker(s): step {i + 1}/{len(steps)}, "
+                          f"{step.rate:.0f} tuples/s per stream for {step.seconds:.0f}s")
+        began_ms = time.time() * 1000
+        # A seed per step: every step draws fresh keys, not the previous step's again.
+        step_job = job.model_copy(update={"workload": job.workload.model_copy(update={"seed": job.workload.seed + i})})
+        produced = run_sources(step_job, env.cluster, seconds=step.seconds, rate=step.rate)
+        written_ms = time.time() * 1000
+        wait_drained(job, env.bootstrap, fleet, timeout=max(300.0, 20 * step.seconds))
+        done.append(_step_record(step, produced, began_ms, written_ms, time.time() - written_ms / 1000))
+    fleet.assert_running()
+    restarts = fleet.restarts
+    fleet.stop_all()
+    with env.phase(f"Spark verify of the {workers}-worker sweep"):
+        verdict = run_verify(job, env.cluster)
+    delays_ms, newest_ms = result_delays(env.cluster, job)
+    _judge_steps(done, delays_ms, newest_ms, threshold_s * 1000)
+    inputs = verdict["inputs"]["total"]
+    return {"job": job.job, "workers": workers, "steps": done, "restarts": restarts,
+            "output_per_input": verdict["results"] / inputs if inputs else None,
+            "delay_all_steps": delay_stats(delays_ms, threshold_s * 1000),
+            "verify": {k: verdict.get(k) for k in VERIFY_KEYS}}
+
+
+def _step_record(step: Step, produced: dict, began_ms: float, written_ms: float, drain_s: float) -> dict:
+    return {
+        "target_rate_per_stream": step.rate,
+        "rate_per_stream": float(np.mean(list(produced["rate"].values()))),
+        "seconds": produced["seconds"],
+        "inputs": sum(produced["records"].values()),
+        "wall_ms": [int(began_ms), int(written_ms)],
+        "drain_after_sources_s": round(drain_s, 2),
+    }
+
+
+def _judge_steps(steps: list[dict], delays_ms: np.ndarray, newest_ms: np.ndarray, threshold_ms: float) -> None:
+    """Each step's exact delays: the results whose newest input arrived during the step."""
+    starts = np.array([s["wall_ms"][0] for s in steps])
+    step_of = np.searchsorted(starts, newest_ms, side="right") - 1
+    for i, step in enumerate(steps):
+        step["delay"] = delay_stats(delays_ms[step_of == i], threshold_ms)
+        step["overloaded"] = overloaded(step["delay"])
+
+
+# ---------------------------------------------------------------- the replay
+
+
+def run_replay(env: BenchEnv, source: JobSettings, workers: int, output_format: str | None = None) -> dict:
+    """Sustained throughput: a fresh fleet drains `source`'s whole input as a backlog, writing
+    results in `output_format` (default: the job's); its output must be `source`'s verified
+    output, id for id."""
+    figures, ids = replay(env, source, workers, output_format)
+    return {**figures, "identical_to_verified_run": bool(np.array_equal(ids, result_ids(env.cluster, source)))}
+
+
+def replay(env: BenchEnv, source: JobSettings, workers: int, output_format: str | None = None,
+           join_type: str | None = None) -> tuple[dict, np.ndarray]:
+    """A fresh fleet of `workers` drains `source`'s whole input as a backlog, writing results in
+    `output_format` and joining `join_type` (defaults: the job's); its figures (sustained
+    tuples/s) and its result ids (result_ids), for the caller to check."""
+    fmt = output_format or source.output.format
+    suffix = f"-{join_type}" if join_type else ""
+    replay_job = fleet_job(source, env, f"{source.job}-replay{workers}-{fmt}{suffix}", workers).model_copy(update={
+        "streams": [s.model_copy(update={"topic": source.topic_of(s)}) for s in source.streams],
+        "output": source.output.model_copy(update={"format": fmt}),
+        "join": source.join.model_copy(update={"type": join_type or source.join.type})})
+    samples: list[tuple[float, float]] = []
+    began = time.monotonic()
+    # Sampling starts with the processes: the 10%-90% cut then leaves start-up out, however short the backlog.
+    fleet, _ = start_fleet(env, replay_job, workers, wait=False)
+    wait_drained(replay_job, env.bootstrap, fleet, timeout=3600,
+                 on_progress=lambda done, total: samples.append((time.monotonic() - began, done)))
+    fleet.assert_running()
+    restarts = fleet.restarts
+    fleet.stop_all()
+    ids = result_ids(env.cluster, replay_job)
+    total = samples[-1][1] if samples else 0
+    return {"job": replay_job.job, "workers": workers, "output_format": fmt, "join_type": replay_job.join.type,
+            "inputs": int(total), "wall_seconds": round(samples[-1][0], 2) if samples else None,
+            "tuples_per_s": sustained_rate(samples), "restarts": restarts, "results": int(len(ids))}, ids
+
+
+# ---------------------------------------------------------------- reading the topics back
+
+
+def read_results(cluster: kafka.Cluster, job: JobSettings, columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """The given columns of every result in the job's results topic, in its output format."""
+    records = kafka.read_partitions(cluster, job.results_topic, dict.fromkeys(range(job.partitions), 0),
+                                    f"{job.consumer_group}-bench-read")
+    decoded = decode_results(result_layout(job), job.output.format, [m.value() for m in records])
+    if decoded.rejects:
+        raise ValueError(f"{len(decoded.rejects)} records of {job.results_topic} are no results: {decoded.rejects[:3]}")
+    return {c: decoded.columns[c] for c in columns}
+
+
+def result_ids(cluster: kafka.Cluster, job: JobSettings) -> np.ndarray:
+    """Every result's 128-bit id as sorted (hi, lo) rows."""
+    ids = read_results(cluster, job, [RESULT_ID_HI, RESULT_ID_LO])
+    pairs = np.stack([ids[RESULT_ID_HI], ids[RESULT_ID_LO]], axis=1)
+    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+
+
+def arrivals(cluster: kafka.Cluster, job: JobSettings, topic: str) -> tuple[np.ndarray, np.ndarray]:
+    """(partition << 40 | offset) sorted, and the Kafka timestamp of each, for every record of `topic`."""
+    records = kafka.read_partitions(cluster, topic, dict.fromkeys(range(job.partitions), 0),
+                                    f"{job.consumer_group}-bench-arrivals")
+    ref = np.array([(m.partition() << 40) | m.offset() for m in records], np.int64)
+    ts = np.array([m.timestamp()[1] for m in records], np.int64)
+    order = np.argsort(ref)
+    return ref[order], ts[order]
+
+
+def result_delays(cluster: kafka.Cluster, job: JobSettings) -> tuple[np.ndarray, np.ndarray]:
+    """Per result: production delay (ms) and the Kafka timestamp of its newest input."""
+    timing = result_timings(cluster, job)
+    return timing["delay_ms"], timing["newest_ms"]
+
+
+def result_timings(cluster: kafka.Cluster, job: JobSettings) -> dict[str, np.ndarray]:
+    """Per result, in one read of the topics: `delay_ms` (produced_ms minus `newest_ms`, the
+    Kafka timestamp of its newest input), `produced_ms`, and `group`: its first stream's input
+    partition, which is its partition group when the inputs are co-partitioned."""
+    refs = [c for s in job.streams for c in ref_columns(s.name)[:2]]
+    res = read_results(cluster, job, [PRODUCED_MS, *refs])
+    newest = np.full(len(res[PRODUCED_MS]), np.iinfo(np.int64).min)
+    for spec in job.streams:
+        keys, ts = arrivals(cluster, job, job.topic_of(spec))
+        part, off = (res[c].astype(np.int64) for c in ref_columns(spec.name)[:2])
+        newest = np.maximum(newest, ts[np.searchsorted(keys, (part << 40) | off)])
+    produced = res[PRODUCED_MS].astype(np.int64)
+    return {"delay_ms": (produced - newest).astype(np.float64), "newest_ms": newest, "produced_ms": produced,
+            "group": res[refs[0]].astype(np.int64)}

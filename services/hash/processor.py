@@ -1,0 +1,201 @@
+"""One partition group's batch: decoded blocks in, window joined, results,
+dead letters and forwards out, checkpoint advanced. The same function serves
+live processing and recovery replay, which is what makes replay exact."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Collection, Mapping, Sequence
+
+import numpy as np
+
+import time
+
+from streamjoin.engine.block import Block, concat
+from streamjoin.engine.cleanup import cleanup_results, generation_of
+from streamjoin.engine.outer import DECIDED
+from streamjoin.engine.result_ids import ABSENT, EVENT_TIME, PRODUCED_MS
+from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, process_batch
+from streamjoin.schemas.codecs import keys_are_exact
+from streamjoin.services.hash.progress import BatchProgress, batch_progress
+from streamjoin.services.io.dead_letters import DeadRecord, late_records
+from streamjoin.services.io.intake import Forward, GroupSlice, RecordBuffer, Routing, decode_by_group
+from streamjoin.services.io.progress_notes import ProgressNote
+from streamjoin.state.checkpoint import merge_positions
+from streamjoin.state.windowed import BLOCK_SEQ, GroupState, WindowedStore
+from streamjoin.settings import JobSettings
+
+
+@dataclass
+class GroupBatch:
+    group: int
+    seq: int
+    results: Block
+    dead: list[DeadRecord]
+    forwards: list[Forward]
+    end: dict[str, dict[int, int]]  # input topic -> partition -> next offset after the batch
+    watermark: int
+    appended: list[Block]
+    state: GroupState
+    duplicates: int  # forwarded records skipped as copies of ones taken before
+    now_ms: int  # the wall clock the batch was decided at (recorded in its commit, so replay decides the same)
+    cleanup: "Cleanup | None" = None  # deferred spill: the generations this batch cleaned up
+    read_back: bool = False  # probe spill: the group's window was pushed and read back for this batch
+    marks: dict[int, Block] = field(default_factory=dict)  # outer/semi/anti: rows first matched (BatchOutcome)
+    unmatched: int = 0  # outer/anti: null-padded rows of rows proven unmatched
+    notes: list[ProgressNote] = field(default_factory=list)  # join.repartition_watermarks: written after forwards
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """What a batch's clean-up passes did: `generations` cleaned, `results` produced (they are
+    part of the batch's results), `seconds` spent."""
+
+    generations: int
+    results: int
+    seconds: float
+
+
+def join_plan(job: JobSettings) -> JoinPlan:
+    streams = tuple(
+        StreamPlan(s.name, job.topic_of(s), s.window.range_ms, s.window.rows, tuple(s.fields), tuple(s.key_fields))
+        for s in job.streams
+    )
+    return JoinPlan(streams, job.join.allowed_lateness_ms, exact_keys=keys_are_exact(job.streams[0]),
+                    join_type=job.join.type)
+
+
+def unmatched_delays_ms(job: JobSettings, results: Block) -> np.ndarray:
+    """Per null-padded row of an unmatched row (outer and anti joins, time windows): its
+    emission time minus its deadline, the row's event time + window + allowed lateness."""
+    if job.join.type in ("inner", "semi"):
+        return np.empty(0, np.int64)
+    delays = []
+    for i in DECIDED[job.join.type]:
+        window = job.streams[i].window.range_ms
+        other = job.streams[1 - i].name
+        if window is not None and len(results):
+            alone = results[f"{other}.partition"] == ABSENT
+            deadline = results[EVENT_TIME][alone] + window + job.join.allowed_lateness_ms
+            delays.append(results[PRODUCED_MS][alone] - deadline)
+    return np.concatenate(delays) if delays else np.empty(0, np.int64)
+
+
+def run_cycle(job: JobSettings, plan: JoinPlan, store: WindowedStore, buffers: dict[int, RecordBuffer],
+              routings: Sequence[Routing], now_ms: int, idle: Mapping[int, frozenset[int]] | None = None,
+              extra: Collection[int] = (), floors: Mapping[int, int] | None = None,
+              generation_starts: Mapping[int, int] | None = None) -> list[GroupBatch]:
+    """Every group with records in `buffers` (per stream), and every group in `extra` (a batch
+    without records: an idle stream lets its watermark move), in group order.
+
+    `routings[i]` says how stream i's tuples reach their groups; `idle[g]`, the streams of
+    group g left out of its watermark (join.idle_timeout_ms); `floors[g]`, a watermark group g's
+    batch reaches at least (recovery replays a batch's recorded watermark with it);
+    `generation_starts[g]`, the first batch of the generation group g's batch was decided in
+    (recovery replays a recorded push with it)."""
+    groups = sorted({g for buf in buffers.values() for g in buf.positions} | set(extra))
+    in_memory = store.hot_groups()
+    read_back = {g for g in groups if g not in in_memory and g in store.activity}  # pushed since it was seen
+    states = {g: store.get(g) for g in groups}
+    slices: dict[int, dict[int, GroupSlice]] = {}
+    for i, buf in buffers.items():
+        if len(buf) or buf.notes:
+            name = job.streams[i].name
+            routed = {g: s.checkpoint.routed.get(name, {}) for g, s in states.items()}
+            for g, sl in decode_by_group(job, i, buf, routings[i], routed, now_ms).items():
+                slices.setdefault(g, {})[i] = sl
+    idle, floors, starts = idle or {}, floors or {}, generation_starts or {}
+    batches = [run_group_batch(job, plan, store, states[g], g, slices.get(g, {}), buffers, now_ms,
+                               idle.get(g, frozenset()), floors.get(g, NO_TIME), starts.get(g, 0), routings)
+               for g in sorted(set(slices) | set(extra))]
+    for b in batches:
+        b.read_back = b.group in read_back
+    return batches
+
+
+def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, state: GroupState, group: int,
+                    slices: dict[int, GroupSlice], buffers: dict[int, RecordBuffer], now_ms: int,
+                    idle: frozenset[int] = frozenset(), floor: int = NO_TIME,
+                    generation_start: int = 0, routings: Sequence[Routing] = ()) -> GroupBatch:
+    """One batch of `group`: `slices` its decoded tuples per stream (none: an idle-driven
+    batch); `idle` and `floor` as for process_batch; `generation_start`: this batch starts a
+    new generation when it says so (a replayed push; a live push is `state.push_pending`);
+    `routings`: how each stream reaches its groups (join.repartition_watermarks reads them)."""
+    seq = state.checkpoint.seq + 1
+    if store.deferred and (state.push_pending or generation_start == seq > state.checkpoint.generation_start):
+        store.close_generation(state, seq)
+    deltas = [_tag(slices[i].block if i in slices else store.templates[i], seq) for i in range(len(job.streams))]
+    progress = _progress(job, routings, state, group, slices, idle, now_ms)
+    outcome = process_batch(plan, state.window, deltas, now_ms, idle, floor, progress.bound if progress else None)
+    cleanup = clean_up(plan, store, state, group, outcome.accepted, now_ms) if state.checkpoint.generations else None
+    results = concat([outcome.results, cleanup[0]]) if cleanup else outcome.results
+    dead = [d for sl in slices.values() for d in sl.dead]
+    for i, late in enumerate(outcome.late):
+        if len(late):
+            dead += late_records(job, i, group, buffers[i], late, outcome.watermark_before)
+    end = state.checkpoint.end
+    for sl in slices.values():
+        end = merge_positions(end, sl.end)
+    clocks = {"heard_ms": _heard(state.checkpoint.heard_ms, len(job.streams), slices, now_ms)} \
+        if job.join.idle_timeout_ms else {}
+    routed = dict(state.checkpoint.routed) | {job.streams[i].name: sl.routed for i, sl in slices.items() if sl.routed}
+    state.checkpoint = state.checkpoint.model_copy(update={
+        "seq": seq, "end": end, "routed": routed, "max_ts": list(state.window.max_ts),
+        "watermark": state.window.watermark, **(progress.checkpoint if progress else {}), **clocks,
+    })
+    return GroupBatch(group, seq, results, dead, [f for sl in slices.values() for f in sl.forwards], end,
+                      state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()),
+                      now_ms, cleanup[1] if cleanup else None, marks=outcome.marks, unmatched=outcome.unmatched,
+                      notes=progress.notes if progress else [])
+
+
+def _heard(before: list[int], streams: int, slices: dict[int, GroupSlice], now_ms: int) -> list[int]:
+    """The checkpoint's idle clocks after a batch at `now_ms` that read `slices`: each stream
+    the batch heard from at `now_ms`, the others as they were. From the batch's own `now_ms`,
+    so a replayed batch records what the original did."""
+    heard = (list(before) + [NO_TIME] * streams)[:streams]
+    for i, sl in slices.items():
+        if sl.heard:
+            heard[i] = now_ms
+    return heard
+
+
+def _progress(job: JobSettings, routings: Sequence[Routing], state: GroupState, group: int,
+              slices: dict[int, GroupSlice], idle: frozenset[int], now_ms: int) -> BatchProgress | None:
+    """What the batch reads and tells of the source partitions' progress
+    (services/hash/progress.py); None when the job does not carry watermarks across the
+    repartition (join.repartition_watermarks off)."""
+    if not (job.join.repartition_watermarks and routings):
+        return None
+    return batch_progress(job, [r.source_partitions for r in routings], state.checkpoint, group,
+                          {i: sl.read for i, sl in slices.items()}, {i: sl.notes for i, sl in slices.items()}, idle,
+                          now_ms)
+
+
+def clean_up(plan: JoinPlan, store: WindowedStore, state: GroupState, group: int, accepted: list[Block],
+             now_ms: int) -> tuple[Block, Cleanup] | None:
+    """Deferred spill: clean up, oldest first, every spilled generation no tuple can join any
+    more (the watermark has passed its newest tuple plus the longest window: a later tuple
+    is late), and drop it from the checkpoint (its blocks are deleted when the batch is
+    staged). `accepted`: the batch's new tuples, which may still join it. Returns the results
+    and what was done, or None when no generation is due."""
+    started = time.perf_counter()
+    longest = max(s.range_ms or 0 for s in plan.streams)
+    parts: list[Block] = []
+    ckpt = state.checkpoint
+    while ckpt.generations and ckpt.generations[0][1] + longest <= state.window.watermark:
+        first = ckpt.generations[0][0]
+        streams = [concat([stored, new]) for stored, new in zip(store.stored_blocks(group, state, first), accepted)]
+        starts = [start for start, _ in ckpt.generations] + [ckpt.generation_start]
+        generations = [generation_of(block[BLOCK_SEQ], starts) for block in streams]
+        parts.append(cleanup_results(plan, streams, generations, 0, now_ms))
+        ckpt = ckpt.model_copy(update={"generations": ckpt.generations[1:]})
+    if not parts:
+        return None
+    state.checkpoint = ckpt
+    results = concat(parts)
+    return results, Cleanup(len(parts), len(results), time.perf_counter() - started)
+
+
+def _tag(block: Block, seq: int) -> Block:
+    return Block(dict(block.columns) | {BLOCK_SEQ: np.full(len(block), seq, np.int64)})

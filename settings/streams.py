@@ -1,0 +1,87 @@
+"""The job file's `streams:` entries: each stream's fields and their types, its time and key
+fields, its window (RANGE or ROWS), its source filter and the size bounds of its records."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from streamjoin.settings.base import StrictModel
+
+FieldType = Literal["int", "float", "str", "bool", "bytes"]
+HASH_KEY_TYPES = ("int", "str", "bool")
+
+
+class WindowSpec(StrictModel):
+    """Exactly one of `range_ms` (time-based RANGE) or `rows` (count-based ROWS, per key)."""
+
+    range_ms: int | None = Field(default=None, gt=0)
+    rows: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "WindowSpec":
+        if (self.range_ms is None) == (self.rows is None):
+            raise ValueError("give exactly one of range_ms (time window) or rows (count window)")
+        return self
+
+    @property
+    def is_rows(self) -> bool:
+        return self.rows is not None
+
+
+def _fits(field_type: FieldType, value: object) -> bool:
+    """Whether a filter literal can equal a value of `field_type` (bool is not an int here)."""
+    if isinstance(value, bool):
+        return field_type == "bool"
+    if isinstance(value, int):
+        return field_type in ("int", "float")
+    if isinstance(value, float):
+        return field_type == "float"
+    return field_type == "str" and isinstance(value, str)
+
+
+class StreamSpec(StrictModel):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    topic: str | None = None
+    format: Literal["json", "avro", "blocks"] = "json"
+    fields: dict[str, FieldType]
+    time_field: str
+    key_fields: list[str] = Field(default_factory=list, description="join key (hash mode needs one); Kafka record key")
+    window: WindowSpec
+    where: dict[str, list[int | float | str | bool]] = Field(
+        default_factory=dict,
+        description="hash mode: a source filter, field -> allowed values (ANDed over fields); a tuple outside it "
+                    "is skipped before the join (counted, not dead-lettered). The query service pushes its "
+                    "operators' selection covers here (the StreamReuse paper's cascading relaxation, section 3.1)")
+    max_field_bytes: int = Field(
+        default=4096, gt=0, le=1 << 24,
+        description="the longest str or bytes value a tuple may hold (UTF-8 bytes for str); a record with a "
+                    "longer one is dead-lettered as oversize. A stream's values are held at the width of its "
+                    "longest one, so this bounds what one record can add to the memory of a window")
+    max_block_bytes: int = Field(
+        default=64 << 20, gt=0, le=1 << 34,
+        description="blocks format: the most bytes a record's Arrow IPC buffers may hold once decompressed "
+                    "(LZ4/ZSTD bodies); a record that would expand past it is dead-lettered as oversize before "
+                    "anything is decompressed")
+
+    @model_validator(mode="after")
+    def _fields_exist(self) -> "StreamSpec":
+        if self.time_field not in self.fields:
+            raise ValueError(f"time_field {self.time_field!r} is not one of fields {sorted(self.fields)}")
+        if self.fields[self.time_field] != "int":
+            raise ValueError(f"time_field {self.time_field!r} must be an int field (epoch milliseconds)")
+        missing = [k for k in self.key_fields if k not in self.fields]
+        if missing:
+            raise ValueError(f"key_fields {missing} are not among fields {sorted(self.fields)}")
+        unknown = [k for k in self.where if k not in self.fields]
+        if unknown:
+            raise ValueError(f"where names fields {unknown} that are not among fields {sorted(self.fields)}")
+        empty = [k for k, values in self.where.items() if not values]
+        if empty:
+            raise ValueError(f"where lists no values for {empty}: the stream would never join")
+        mistyped = [k for k, values in self.where.items() if not all(_fits(self.fields[k], v) for v in values)]
+        if mistyped:
+            raise ValueError(f"where values of {mistyped} do not fit their field types "
+                             f"({ {k: self.fields[k] for k in mistyped} }); bytes fields cannot be filtered")
+        return self
