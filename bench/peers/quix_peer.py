@@ -42,7 +42,7 @@ from streamjoin.settings import JobSettings
 PYTHON_ENV = "STREAMJOIN_QUIX_PYTHON"
 _JOB = Path(__file__).with_name("quix_job.py")
 # bench/peers/ -> the repository root, where ops/setup.sh makes the venv.
-DEFAULT_PYTHON = Path(__file__).resolve().parents[3] / ".venv-quix" / "bin" / "python"
+DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-quix" / "bin" / "python"
 PAIR = ("r_partition", "r_offset", "s_partition", "s_offset")  # a result's identity: both inputs'
 # Tansu's group join waits for max.poll.interval.ms in a rebalance: keep it short.
 _CONSUMER = {"max.poll.interval.ms": 10_000, "session.timeout.ms": 10_000}

@@ -1,29 +1,11 @@
-"""A hash cycle's output in one Kafka transaction (`Emitter`), and the groups' state writes
-to the changelog (`ChangelogWriter`). Results go through the one result writer
-(io/results.py), transactions through io/transactions.py.
+"""A hash cycle's writers (`Emitter`): the producer of one worker, its transactions
+(io/transactions.py), its delivery reports, the one result writer (io/results.py), and the
+groups' state writes to the changelog (`ChangelogWriter`). cycle.py says in what order a
+cycle writes with them; `rewrite` is recovery's write of a replayed batch.
 
-A cycle writes, in this order:
-  1. dead letters and forwards (misrouted records on their way to their
-     group's by-key partition, then the progress notes: progress.py), then flushes;
-  2. one commit record per (group, batch) on `<job>.commits`, then flushes;
-  3. the batches' results, one record per result (or Arrow blocks), then
-     flushes (the checkpoint records where they end);
-  4. the groups' state writes on `<job>.changelog` (`worker.changelog`), each
-     group's checkpoint last;
-  5. the input offsets, and commits the transaction (with `exactly_once:
-     false`: flushes, then commits the offsets).
-The flushes make "visible" imply "durable before" even on a broker that
-shows aborted transactions to read_committed readers (Tansu does): a visible
-checkpoint in the changelog implies its batch's results, a visible result its
-batch's commit record, which implies the batch's dead letters and forwards.
-Recovery (recovery.py) relies on exactly that.
-
-While the broker acknowledges (the flushes, the offsets and the commit: on
-Tansu tens to hundreds of milliseconds a cycle), the caller's `meanwhile`
-work runs instead of a blocked wait: the worker reads the next cycle's
-records then (Worker._read_ahead). The transaction's own calls block in
-librdkafka, so they run on a helper thread while the main thread does that
-work; nothing else touches the producer meanwhile.
+The transaction's own calls block in librdkafka, so with a caller's `meanwhile` work
+they run on a helper thread while the main thread does that work; nothing else touches
+the producer meanwhile.
 """
 
 from __future__ import annotations
@@ -39,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from streamjoin.engine.block import Block
 from streamjoin.schemas.results import BatchCommit, dead_letter_headers
-from streamjoin.services import faults, metrics
+from streamjoin.services import metrics
 from streamjoin.services.hash.processor import GroupBatch
 from streamjoin.services.io.deliveries import IDLE_WAIT_S, Deliveries, Meanwhile, flush
 from streamjoin.services.io.results import ResultSink, ResultWriter
@@ -83,7 +65,7 @@ class ChangelogWriter:
 
 
 class Emitter:
-    """A hash-mode cycle's output, as the module docstring says."""
+    """A hash-mode cycle's writers, as the module docstring says."""
 
     def __init__(self, job: JobSettings, producer: Producer, worker_id: str) -> None:
         self.job = job
@@ -104,41 +86,23 @@ class Emitter:
             # Also fences and aborts whatever a previous incarnation left open.
             self.transactions.init()
 
-    def emit(self, batches: list[GroupBatch], consumer: Consumer, offsets: list[TopicPartition],
-             skip_dead: dict[int, set[tuple[str, int, int]]], stage: Callable[[], StateTransaction],
-             meanwhile: Meanwhile | None = None) -> None:
-        """Write a cycle's batches and commit its input `offsets` (see the module docstring);
-        dead letters named in `skip_dead[group]` were written by an attempt that died.
+    def begin(self) -> None:
+        """Open the cycle's transaction (none without `exactly_once`)."""
+        if self.transactional:
+            self.transactions.begin()
 
-        `stage()` stages the batches' state (their checkpoints now record where their records
-        ended) and returns the cycle's state transaction: its writes go to the changelog in
-        this Kafka transaction, and the caller commits it to RocksDB once this returns.
-        `meanwhile()` is done while the broker acknowledges (None: the waits block)."""
-        self.deliveries.clear()
-        with _stall_watchdog(self.job.worker.stall_timeout_ms / 1000):
-            if self.transactional:
-                self.transactions.begin()
-            if self._produce_dead_letters(batches, skip_dead) + self._produce_forwards(batches):
-                flush(self.producer, self.deliveries, meanwhile)
-            for b in batches:
-                self.produce_commit(b)
-            flush(self.producer, self.deliveries, meanwhile)
-            self.results.write_groups([(b.group, b.results) for b in batches])
-            flush(self.producer, self.deliveries, meanwhile)
-            if any(b.cleanup is not None or b.read_back for b in batches):
-                faults.reach("spill-written")  # results from spilled state written, not committed
-            self._record_positions(batches)
-            self.log_state(stage())
-            self.commit(consumer, offsets, meanwhile)
-        self._logged(batches)
+    def flush(self, meanwhile: Meanwhile | None = None) -> None:
+        """Wait for every record written so far; fail on any not delivered. `meanwhile()` is
+        done while the broker acknowledges (None: the wait blocks)."""
+        flush(self.producer, self.deliveries, meanwhile)
 
-    def log_state(self, tx: StateTransaction) -> None:
-        """Hand `tx`'s writes to the changelog (when the job keeps one) in the open transaction."""
-        writes = tx.prepare()
+    def log_state(self, writes: list[Write]) -> None:
+        """Hand a prepared state transaction's `writes` to the changelog (when the job keeps
+        one) in the open transaction."""
         if self.changelog is not None:
             self.changelog.write(writes)
 
-    def _logged(self, batches: list[GroupBatch]) -> None:
+    def logged(self, batches: list[GroupBatch]) -> None:
         """Tell each batch's state where its changelog records landed (their transaction committed)."""
         if self.changelog is None:
             return
@@ -185,18 +149,16 @@ class Emitter:
         self.deliveries.clear()
         writes = tx.prepare()
         if len(results) or (self.changelog is not None and writes):
-            if self.transactional:
-                self.transactions.begin()
+            self.begin()
             self.results.write(results, group=batch.group)
-            flush(self.producer, self.deliveries)
-            if self.changelog is not None:
-                self.changelog.write(writes)
+            self.flush()
+            self.log_state(writes)
             if self.transactional:
                 self.transactions.commit()
             else:
                 flush(self.producer, self.deliveries)
             self.deliveries.check()
-            self._logged([batch])
+            self.logged([batch])
         if offsets:
             consumer.commit(offsets=offsets, asynchronous=False)
 
@@ -211,7 +173,7 @@ class Emitter:
         self.producer.produce(self.job.commits_topic, value=commit.model_dump_json().encode(),
                               key=str(b.group).encode(), partition=b.group, on_delivery=self.deliveries.report)
 
-    def _produce_dead_letters(self, batches: list[GroupBatch], skip: dict[int, set[tuple[str, int, int]]]) -> int:
+    def produce_dead_letters(self, batches: list[GroupBatch], skip: dict[int, set[tuple[str, int, int]]]) -> int:
         n = 0
         for b in batches:
             already = skip.get(b.group, set())
@@ -226,7 +188,7 @@ class Emitter:
                 n += 1
         return n
 
-    def _produce_forwards(self, batches: list[GroupBatch]) -> int:
+    def produce_forwards(self, batches: list[GroupBatch]) -> int:
         n = 0
         for b in batches:
             for f in [*b.forwards, *b.notes]:  # a progress note after the forwards it speaks for
@@ -239,19 +201,17 @@ class Emitter:
             self.producer.poll(0)
         return n
 
-    def _record_positions(self, batches: list[GroupBatch]) -> None:
-        """Where in the group's results, commits and dead-letter partitions the next batch begins."""
+    def positions(self, group: int) -> dict[str, int]:
+        """Where in `group`'s results, commits and dead-letter partitions the next batch begins,
+        as far as this cycle's delivered records say (cycle.record_positions keeps them)."""
         newest = self.deliveries.newest
-        for b in batches:
-            ck = b.state.checkpoint
-            nxt = {name: newest[(topic, b.group)] + 1 for name, topic in (
-                ("results_next", self.job.results_topic), ("commits_next", self.job.commits_topic),
-                ("dead_letter_next", self.job.dead_letter_topic)) if (topic, b.group) in newest}
-            b.state.checkpoint = ck.model_copy(update=nxt)
+        return {name: newest[(topic, group)] + 1 for name, topic in (
+            ("results_next", self.job.results_topic), ("commits_next", self.job.commits_topic),
+            ("dead_letter_next", self.job.dead_letter_topic)) if (topic, group) in newest}
 
 
 @contextmanager
-def _stall_watchdog(seconds: float) -> Iterator[None]:
+def stall_watchdog(seconds: float) -> Iterator[None]:
     """librdkafka's blocking calls cannot be interrupted, and a broker that drops
     connections mid-transaction can leave one waiting for good (seen on Tansu).
     Crash-only: end the process, and let the supervisor (Kubernetes, the local

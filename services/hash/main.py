@@ -3,7 +3,8 @@
 Owns the partition groups the coordinator assigns it (manual assignment, not
 consumer-group rebalancing). Each distribution epoch (`worker.batch_ms`) it
 joins every group that received records, then writes the cycle's output and
-input offsets in one transaction and only then checkpoints RocksDB; at start,
+input offsets in one transaction and only then checkpoints RocksDB (the cycle,
+top-down: cycle.py); at start,
 and after any failed cycle, each group is recovered from RocksDB plus the
 results topic (hash/recovery.py). Event-time alignment and idle streams are
 pacing.py's part of the worker, the heartbeat heartbeat.py's.
@@ -21,10 +22,11 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, Messag
 from streamjoin.schemas import control
 from streamjoin.services import collector, faults, metrics
 from streamjoin.services.hash.backlog import RecordSize
+from streamjoin.services.hash.cycle import Cycle
 from streamjoin.services.hash.emit import Emitter
 from streamjoin.services.hash.heartbeat import Heartbeats
 from streamjoin.services.hash.pacing import Pacing
-from streamjoin.services.hash.processor import GroupBatch, join_plan, run_cycle, unmatched_delays_ms
+from streamjoin.services.hash.processor import GroupBatch, join_plan, unmatched_delays_ms
 from streamjoin.services.hash.recovery import recover_groups
 from streamjoin.services.io import kafka, transactions
 from streamjoin.services.io.intake import RecordBuffer, Routing, routing_for
@@ -32,7 +34,6 @@ from streamjoin.services.io.templates import stream_templates
 from streamjoin.services.io.transactions import exit_if_fenced
 from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.state.store import Store
-from streamjoin.state.transaction import StateTransaction
 from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
@@ -59,6 +60,7 @@ class Worker(Pacing, Heartbeats):
         self.consumer = cluster.consumer(job.consumer_group)
         self.emitter = Emitter(job, cluster.producer(f"{job.job}-{worker_id}"
                                                    if job.worker.exactly_once else None), worker_id)
+        self.cycle = Cycle(job, self.plan, self.store, self.consumer, self.emitter)
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control", **kafka.CONTROL)
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
@@ -249,7 +251,7 @@ class Worker(Pacing, Heartbeats):
         return max(0, self.job.worker.max_batch_records - sum(map(len, self.pending.values())))
 
     def _read_ahead(self) -> bool:
-        """The main thread's work while the broker acknowledges a cycle (Emitter.emit's waits):
+        """The main thread's work while the broker acknowledges a cycle (Cycle.run's waits):
         take records the consumer has fetched already, without waiting for more, into the next
         batch, a bounded call at a time so the waits stay short. Returns whether it took any.
 
@@ -299,7 +301,7 @@ class Worker(Pacing, Heartbeats):
         return [m for m in msgs if m.error() is None]
 
     def _cycle(self, read_ahead: bool = True) -> None:
-        """Join the pending records and write the outcome in one transaction (Emitter.emit).
+        """One cycle of the pending records (cycle.py's `Cycle.run`), and the worker's books after it.
 
         read_ahead: take the next cycle's records while the broker acknowledges this one's
         (`_read_ahead`); off where nothing may be left pending after the cycle (an assignment
@@ -313,36 +315,15 @@ class Worker(Pacing, Heartbeats):
             return
         self._advance_to_consumer_positions()
         self.record_size.observe(self.pending)
-        batches = run_cycle(self.job, self.plan, self.store, self.pending, self.routings, now_ms, idle, woken,
-                            floors)
-        self.idle_seen.update({b.group: idle.get(b.group, frozenset()) for b in batches})
-        self.pending = {}
-        # Pauses follow the windows as this cycle left them in memory, before the records read
-        # ahead during its commit are taken (deciding after the commit would let every
-        # read-ahead overshoot by a batch).
-        self._align()
-        offsets = self._next_offsets(batches)
-        tx = self.store.rocksdb.transaction()
-
-        def stage() -> StateTransaction:
-            for b in batches:
-                self.store.stage(tx, b.group, b.state, b.appended, b.marks)
-            return tx
-
-        try:
-            self.emitter.emit(batches, self.consumer, offsets, self.skip_dead, stage,
-                              self._read_ahead if read_ahead else None)
-        except KafkaException as e:
-            exit_if_fenced(e)
-            log.warning("cycle failed; recovering its groups", error=str(e), groups=len(batches))
-            metrics.BROKER_ERRORS.labels("cycle").inc()
-            tx.fail()
-            self.emitter.abort()
-            self._recover_failed_cycle({b.group for b in batches})
+        pending, self.pending = self.pending, {}  # what is read ahead meanwhile is the next cycle's
+        outcome = self.cycle.run(pending, self.routings, now_ms, idle, woken, floors, self.skip_dead,
+                                 aligned=self._align, recover=self._recover_failed_cycle,
+                                 meanwhile=self._read_ahead if read_ahead else None)
+        self.idle_seen.update({b.group: idle.get(b.group, frozenset()) for b in outcome.batches})
+        if not outcome.committed:
             return
-        tx.commit()  # the Kafka transaction (results, changelog, offsets) committed: now the local copy
-        self.committed.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
-        self._observe(batches, time.perf_counter() - started)
+        self.committed.update({(tp.topic, tp.partition): tp.offset for tp in outcome.offsets})
+        self._observe(outcome.batches, time.perf_counter() - started)
         self._keep_budget()
 
     def _keep_budget(self) -> None:
@@ -371,9 +352,6 @@ class Worker(Pacing, Heartbeats):
                      for tp in self.consumer.position([TopicPartition(t, p) for t, p in read]) if tp.offset >= 0}
         for buf in self.pending.values():
             buf.advance(positions)
-
-    def _next_offsets(self, batches: list[GroupBatch]) -> list[TopicPartition]:
-        return [TopicPartition(topic, p, o) for b in batches for topic, parts in b.end.items() for p, o in parts.items()]
 
     def _recover_failed_cycle(self, groups: set[int]) -> None:
         """A cycle of `groups` failed after their windows changed in memory. The records read

@@ -56,6 +56,16 @@ class Cleanup:
     seconds: float
 
 
+@dataclass(frozen=True)
+class CleanedUp:
+    """A batch's clean-up passes (`clean_up`): their `results`, what was `done`, and the
+    spilled `generations` left for the batch's checkpoint."""
+
+    results: Block
+    done: Cleanup
+    generations: list[list[int]]
+
+
 def join_plan(job: JobSettings) -> JoinPlan:
     streams = tuple(
         StreamPlan(s.name, job.topic_of(s), s.window.range_ms, s.window.rows, tuple(s.fields), tuple(s.key_fields))
@@ -128,7 +138,7 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
     progress = _progress(job, routings, state, group, slices, idle, now_ms)
     outcome = process_batch(plan, state.window, deltas, now_ms, idle, floor, progress.bound if progress else None)
     cleanup = clean_up(plan, store, state, group, outcome.accepted, now_ms) if state.checkpoint.generations else None
-    results = concat([outcome.results, cleanup[0]]) if cleanup else outcome.results
+    results = concat([outcome.results, cleanup.results]) if cleanup else outcome.results
     dead = [d for sl in slices.values() for d in sl.dead]
     for i, late in enumerate(outcome.late):
         if len(late):
@@ -139,13 +149,15 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
     clocks = {"heard_ms": _heard(state.checkpoint.heard_ms, len(job.streams), slices, now_ms)} \
         if job.join.idle_timeout_ms else {}
     routed = dict(state.checkpoint.routed) | {job.streams[i].name: sl.routed for i, sl in slices.items() if sl.routed}
+    cleaned = {"generations": cleanup.generations} if cleanup else {}
+    # The batch's one checkpoint write: recovery's replay comes through here too, so it records the same.
     state.checkpoint = state.checkpoint.model_copy(update={
         "seq": seq, "end": end, "routed": routed, "max_ts": list(state.window.max_ts),
-        "watermark": state.window.watermark, **(progress.checkpoint if progress else {}), **clocks,
+        "watermark": state.window.watermark, **(progress.checkpoint if progress else {}), **clocks, **cleaned,
     })
     return GroupBatch(group, seq, results, dead, [f for sl in slices.values() for f in sl.forwards], end,
                       state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()),
-                      now_ms, cleanup[1] if cleanup else None, marks=outcome.marks, unmatched=outcome.unmatched,
+                      now_ms, cleanup.done if cleanup else None, marks=outcome.marks, unmatched=outcome.unmatched,
                       notes=progress.notes if progress else [])
 
 
@@ -173,28 +185,28 @@ def _progress(job: JobSettings, routings: Sequence[Routing], state: GroupState, 
 
 
 def clean_up(plan: JoinPlan, store: WindowedStore, state: GroupState, group: int, accepted: list[Block],
-             now_ms: int) -> tuple[Block, Cleanup] | None:
+             now_ms: int) -> CleanedUp | None:
     """Deferred spill: clean up, oldest first, every spilled generation no tuple can join any
     more (the watermark has passed its newest tuple plus the longest window: a later tuple
-    is late), and drop it from the checkpoint (its blocks are deleted when the batch is
-    staged). `accepted`: the batch's new tuples, which may still join it. Returns the results
-    and what was done, or None when no generation is due."""
+    is late); the batch's checkpoint drops it (its blocks are deleted when the batch is
+    staged). `accepted`: the batch's new tuples, which may still join it. Returns the results,
+    what was done and the generations left, or None when no generation is due."""
     started = time.perf_counter()
     longest = max(s.range_ms or 0 for s in plan.streams)
     parts: list[Block] = []
     ckpt = state.checkpoint
-    while ckpt.generations and ckpt.generations[0][1] + longest <= state.window.watermark:
-        first = ckpt.generations[0][0]
+    left = ckpt.generations
+    while left and left[0][1] + longest <= state.window.watermark:
+        first = left[0][0]
         streams = [concat([stored, new]) for stored, new in zip(store.stored_blocks(group, state, first), accepted)]
-        starts = [start for start, _ in ckpt.generations] + [ckpt.generation_start]
+        starts = [start for start, _ in left] + [ckpt.generation_start]
         generations = [generation_of(block[BLOCK_SEQ], starts) for block in streams]
         parts.append(cleanup_results(plan, streams, generations, 0, now_ms))
-        ckpt = ckpt.model_copy(update={"generations": ckpt.generations[1:]})
+        left = left[1:]
     if not parts:
         return None
-    state.checkpoint = ckpt
     results = concat(parts)
-    return results, Cleanup(len(parts), len(results), time.perf_counter() - started)
+    return CleanedUp(results, Cleanup(len(parts), len(results), time.perf_counter() - started), left)
 
 
 def _tag(block: Block, seq: int) -> Block:

@@ -5,7 +5,7 @@ local copy: it moved here, or the disk is gone) is rebuilt from the changelog
 (restore.py). RocksDB is written after a cycle's Kafka commit, so it can still
 lag the commits topic by the batch(es) in flight when the worker died. The
 group's commits partition is the source of truth: every batch writes a commit record
-(its input boundary) before its results (emit.py). Recovery reads the
+(its input boundary) before its results (cycle.py). Recovery reads the
 group's commit records past the checkpoint and replays exactly those batches
 from the input topics through the same code path; of each replayed batch it
 writes the results the dead attempt did not (result ids are deterministic, so
@@ -29,6 +29,7 @@ from streamjoin.schemas.result_decode import decode_results
 from streamjoin.schemas.result_format import result_layout
 from streamjoin.schemas.results import RESULT_ID_HI, RESULT_ID_LO, BatchCommit, dead_letter_ref, decode_commit
 from streamjoin.services import faults, metrics
+from streamjoin.services.hash.cycle import record_positions
 from streamjoin.services.hash.emit import Emitter
 from streamjoin.services.hash.processor import run_cycle
 from streamjoin.services.hash.restore import restore_groups
@@ -96,9 +97,8 @@ def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: Win
         missing = _not_in(batch.results, present)
         # Staged before the missing results are written, so results_next is where this batch's
         # results may begin: a later recovery reads them again rather than miss any.
-        batch.state.checkpoint = batch.state.checkpoint.model_copy(update={
-            "results_next": max(results_end, batch.state.checkpoint.results_next),
-            "commits_next": commit_offset + 1})
+        record_positions(batch.state, {"results_next": max(results_end, batch.state.checkpoint.results_next),
+                                       "commits_next": commit_offset + 1})
         tx = store.rocksdb.transaction()
         store.stage(tx, group, batch.state, batch.appended, batch.marks)
         emitter.rewrite(missing, batch, consumer, _offsets(commit.end), tx)

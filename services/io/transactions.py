@@ -1,5 +1,5 @@
 """Kafka transactions, one way for every process that writes in them: the hash worker's
-cycles (hash/emit.py), a ring node's results and dead letters (ring/transactions.py), the
+cycles (hash/cycle.py), a ring node's results and dead letters (ring/transactions.py), the
 SplitJoin cores and merger, and the query router.
 
 `Transactions` is one transactional producer's transactions: `init` fences the previous

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+import structlog
 from confluent_kafka import Producer
 
 from streamjoin.engine.reference import RefTuple, RefWindow, reference_join, reference_outer_join
@@ -43,8 +44,17 @@ def produce(job: JobSettings, bootstrap: str, rows: list[Row], raw: list[tuple[s
     assert p.flush(30) == 0
 
 
+SETTLE_S = 10.0
+
+
 def read_all(bootstrap: str, topic: str, partitions: int, group: str) -> list:
-    return kafka.read_partitions(kafka.Cluster(bootstrap), topic, dict.fromkeys(range(partitions), 0), group)
+    """Every committed record of the topic's partitions, read to each partition's high watermark
+    once the transactions open now have ended (up to SETTLE_S). A read to the last stable offset
+    alone can miss a cycle that has committed: the broker makes a transaction's consumer offsets
+    visible before its markers are on every output partition, so right after the inputs show as
+    drained, the last cycle's results may still sit behind an open-looking transaction."""
+    return kafka.read_settled(kafka.Cluster(bootstrap), topic, dict.fromkeys(range(partitions), 0), group,
+                              structlog.get_logger("tests.kafka_harness"), settle_s=SETTLE_S)
 
 
 @dataclass
