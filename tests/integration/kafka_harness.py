@@ -131,10 +131,29 @@ def check(job: JobSettings, bootstrap: str) -> Check:
     ts = {t.ref: t.ts for rows in streams for t in rows}
     sample = {name: [tuple((*ref, ts.get(ref)) if ref else None for ref in pair) for pair in sorted(pairs, key=str)[:5]]
               for name, pairs in (("missing", missing), ("extra", extra)) if pairs}
+    if missing or extra:
+        print(diagnosis(missing, extra, counts, ts, final_wm, group_of))
     return Check(
         expected=len(expected), results=len(produced), missing=len(missing), extra=len(extra),
         duplicates=sum(c - 1 for c in counts.values()), dead_letter=reasons, sample=sample,
     )
+
+
+def diagnosis(missing: set, extra: set, counts: Counter, ts: dict, final_wm: dict[int, int],
+              group_of: Callable) -> str:  # type: ignore[type-arg]
+    """What a failed check prints in full (an assertion's message is cut short): every missing
+    and extra pair with its inputs' event times, and for each input of a missing pair how many
+    results hold it at all (0: the tuple never joined; more: some of its pairs were lost), with
+    its group's final watermark."""
+    in_results = Counter(ref for pair in counts for ref in pair if ref)
+    lines = [f"missing {len(missing)}, extra {len(extra)}"]
+    for name, pairs in (("missing", missing), ("extra", extra)):
+        for pair in sorted(pairs, key=str)[:200]:
+            lines.append(f"{name}: " + ", ".join(f"{ref}@{ts.get(ref)}" if ref else "-" for ref in pair))
+    refs = sorted({ref for pair in missing for ref in pair if ref}, key=str)
+    lines += [f"input {ref}@{ts.get(ref)}: in {in_results[ref]} results" for ref in refs[:200]]
+    lines.append(f"final watermarks per group: {dict(sorted(final_wm.items()))}")
+    return "\n".join(lines)
 
 
 def assert_spark_verified(job: JobSettings, bootstrap: str, expected: int) -> None:
