@@ -21,8 +21,10 @@ The round log `<job>.ring-rounds` holds the head's Probes in the same form, with
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
+
+import numpy as np
 
 from streamjoin.engine.psp.messages import Build, End, Message, Partial, Probe, RoundInfo
 from streamjoin.engine.psp.recovery import LoggedRound
@@ -145,3 +147,20 @@ def decode(value: bytes | None, headers: Headers | None) -> HopMessage:
         return Partial(rnd, h["sj-origin"], int(h["sj-trigger"]), tuple(int(x) for x in h["sj-members"].split(",")),
                        decode_block(value or b""))
     return End(_info(h["sj-info"]), int(h["sj-lap"]))
+
+
+MAX_HOP_BYTES = 4 << 20  # a Build or Partial above this (NumPy bytes) is split; see hop_pieces
+
+
+def hop_pieces(msg: Message) -> list[Message]:
+    """A Build or Partial is a set of rows; a large one (a watermark jump moves a whole slice
+    at once) travels as several of the same kind and round, in order, which the next node
+    handles exactly as the one: it inserts them in turn, or probes them in turn. Each stays
+    well under the broker's record size. Probes are bounded by the round size instead."""
+    rows = msg.tuples if isinstance(msg, Build) else msg.rows if isinstance(msg, Partial) else None
+    if rows is None or rows.nbytes <= MAX_HOP_BYTES:
+        return [msg]
+    cuts = np.linspace(0, len(rows), -(-rows.nbytes // MAX_HOP_BYTES) + 1).astype(np.int64)
+    parts = [rows.take(np.arange(a, b)) for a, b in zip(cuts, cuts[1:]) if b > a]
+    key = "tuples" if isinstance(msg, Build) else "rows"
+    return [replace(msg, **{key: part}) for part in parts]

@@ -22,7 +22,7 @@ and log a state that resumes past them, which the next rollback would lose.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import structlog
@@ -30,7 +30,8 @@ from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from streamjoin.engine.block import OFF, PART, TS, Block
 from streamjoin.engine.psp.head import RoundPlanner, Sequencer, concat_pending, release_before
-from streamjoin.engine.psp.messages import Probe, RoundInfo
+from streamjoin.engine.psp.messages import Message as RingMessage, Probe, RoundInfo
+from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.recovery import Redrive, slice_ranges
 from streamjoin.engine.watermark import NO_TIME, InputClock
 from streamjoin.schemas import ring as wire, ring_epochs
@@ -40,29 +41,46 @@ from streamjoin.schemas.ring_epochs import LogMark, RingCheckpoint
 from streamjoin.services import metrics
 from streamjoin.services.io import kafka
 from streamjoin.services.io.dead_letters import DeadRecord, late_records
-from streamjoin.services.io.deliveries import flush
 from streamjoin.services.io.intake import RecordBuffer, decode_by_group, routing_for
 from streamjoin.services.io.templates import stream_templates
 from streamjoin.services.ring.recovery import logged_rounds, start_mark
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 
-if TYPE_CHECKING:
-    from streamjoin.services.ring.node import RingWorker
-
 log = structlog.get_logger("streamjoin.worker.ring")
+
+
+class NodeProcess(Protocol):
+    """What the head asks of the ring node it runs in (services/ring/node.py's RingWorker):
+    its identity and engine, sending round the ring, and its writes."""
+
+    job: JobSettings
+    id: str
+    epoch: int
+    cluster: kafka.Cluster
+    node: RingNode  # the node's engine (its slices, a round's release)
+
+    def send(self, out: Outbox, cause: RingMessage) -> None: ...
+    def send_mark(self, node: str, mark: wire.Mark) -> None: ...
+    def release_record(self, info: RoundInfo) -> None: ...
+    def write_dead_letter(self, value: bytes | None, key: bytes | None, partition: int, headers: list) -> None: ...
+    def commit_output(self) -> None: ...
+    def write_durably(self, topic: str, value: bytes, key: bytes | None = None, headers: list | None = None) -> None: ...
+    def flush_sent(self) -> None: ...
+    def delivered_ends(self) -> dict[tuple[str, int], int]: ...
+    def has_local_work(self) -> bool: ...
 
 
 class RingHead:
     """The head's duties: merge the sources by watermark, release rounds, run resizes, log
-    rounds, checkpoint and re-drive."""
+    rounds, checkpoint and re-drive, through the small interface of the node it runs in."""
 
-    def __init__(self, worker: RingWorker, planner: RoundPlanner) -> None:
-        self.w, self.job, self.planner = worker, worker.job, planner
+    def __init__(self, ring_node: NodeProcess, planner: RoundPlanner) -> None:
+        self.ring_node, self.job, self.planner = ring_node, ring_node.job, planner
         self.target = planner.layout
         m = len(self.job.streams)
-        self.sources = worker.cluster.consumer(self.job.consumer_group)
-        metadata = worker.cluster.admin().list_topics(timeout=30).topics
+        self.sources = ring_node.cluster.consumer(self.job.consumer_group)
+        metadata = ring_node.cluster.admin().list_topics(timeout=30).topics
         # Ring mode does not partition by key: every partition of every source topic, whatever their counts.
         self.source_partitions = [[TopicPartition(t, p) for p in sorted(metadata[t].partitions)]
                                   for t in self.job.input_topics]
@@ -108,14 +126,14 @@ class RingHead:
 
     def resize(self, layout: tuple[str, ...]) -> None:
         for node in layout:
-            ensure_hop_topic(self.job, self.w.cluster, node)
+            ensure_hop_topic(self.job, self.ring_node.cluster, node)
         self.planner.resize(layout)
         self.target = layout
         log.info("ring resize planned", layout=list(layout), relocation=self.job.ring.relocation)
 
     def on_done(self, info: RoundInfo) -> None:
         """Round `info` is back: its results are all written (send flushed before), so release it."""
-        self.w.release_record(info)
+        self.ring_node.release_record(info)
         self.planner.on_done(info.round)
         self.loaded.discard(info.round)
         self.redriven.discard(info.round)
@@ -124,7 +142,7 @@ class RingHead:
             seconds = time.monotonic() - self.recovering_since
             metrics.RING_RECOVERY_SECONDS.set(seconds)
             self.last_recovery_s = round(seconds, 3)
-            log.info("ring recovered: re-driven rounds are back", worker=self.w.id, seconds=round(seconds, 3),
+            log.info("ring recovered: re-driven rounds are back", worker=self.ring_node.id, seconds=round(seconds, 3),
                      rounds=self.redrive.total)
             self.recovering_since = None
 
@@ -254,10 +272,8 @@ class RingHead:
             topic = self.job.topic_of(self.job.streams[d.stream])
             if (topic, d.partition, d.offset) in self.dead_written:
                 continue  # dead-lettered before the rollback
-            self.w.txn.producer.produce(self.job.dead_letter_topic, value=d.value, key=d.key,
-                               partition=d.partition % self.job.partitions,
-                               headers=dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1),
-                               on_delivery=self.w.deliveries.report)
+            self.ring_node.write_dead_letter(d.value, d.key, d.partition % self.job.partitions,
+                                     dead_letter_headers(d.reason, d.detail, topic, d.partition, d.offset, -1, -1))
             metrics.DEAD_LETTER.labels(d.reason).inc()
 
     def _release(self, handoff: dict[str, str] | None = None) -> None:
@@ -282,16 +298,14 @@ class RingHead:
         """Into the ring: the Probe (and the Builds ahead of it) leave before the head probes the round itself."""
         if sum(len(b) for b in probe.tuples):
             self.loaded.add(probe.info.round)
-        out = self.w.node.release(probe, now_ms(), early=lambda ob: self.w.send(ob, probe))
-        self.w.send(out, probe)
+        out = self.ring_node.node.release(probe, now_ms(), early=lambda ob: self.ring_node.send(ob, probe))
+        self.ring_node.send(out, probe)
 
     def _log(self, probe: Probe, state: dict) -> None:
         """The round and the head's state after it, durable before any node sees the round."""
-        value, headers = wire.encode_logged(probe, self.w.epoch, state)
-        self.w.txn.commit()  # the dead letters of what the logged state says was read
-        self.w.out.produce(self.job.ring_log_topic, value=value, headers=headers, partition=0,
-                           on_delivery=self.w.deliveries.report)
-        flush(self.w.out, self.w.deliveries)
+        value, headers = wire.encode_logged(probe, self.ring_node.epoch, state)
+        self.ring_node.commit_output()  # the dead letters of what the logged state says was read
+        self.ring_node.write_durably(self.job.ring_log_topic, value, headers=headers)
         metrics.RING_LOGGED_BYTES.inc(len(value))
 
     def _commit(self) -> None:
@@ -311,7 +325,7 @@ class RingHead:
                 for p in np.unique(block[PART]).tolist():
                     key = f"{self.job.input_topics[i]}:{p}"
                     resume[key] = int(offsets[block[PART] == p].min())
-        for (t, p), o in self.w.deliveries.newest.items():
+        for (t, p), o in self.ring_node.delivered_ends().items():
             if t == self.job.dead_letter_topic:
                 self.dead_low[p] = max(self.dead_low.get(p, 0), o + 1)
         return {"sequencer": self.sequencer.state(), "planner": self.planner.state(),
@@ -323,7 +337,7 @@ class RingHead:
         round logged since, those rounds queued to run again, and the sources re-read from
         where the state says. The caller rebuilt the node's slices and flushed its producer."""
         at = checkpoint.at if checkpoint else LogMark(next_round=0, counts=[0] * len(self.job.streams), log_end=0)
-        rounds = logged_rounds(self.job, self.w.cluster, f"{self.job.consumer_group}-{self.w.id}-log", at)
+        rounds = logged_rounds(self.job, self.ring_node.cluster, f"{self.job.consumer_group}-{self.ring_node.id}-log", at)
         state = rounds[-1].head if rounds else checkpoint.head if checkpoint else None
         self.history = list(checkpoint.history) if checkpoint else []
         self.pending = [_empty(b) for b in self.pending]
@@ -337,7 +351,7 @@ class RingHead:
         # each rollback would re-drive every round since the ring started.
         since_ms = checkpoint.wall_ms if checkpoint else rounds[0].probe.info.released_ms if rounds else now_ms()
         self.last_checkpoint = time.monotonic() - max(0, now_ms() - since_ms) / 1000
-        log.info("ring head rolled back", worker=self.w.id, epoch=self.w.epoch, redrive=len(rounds),
+        log.info("ring head rolled back", worker=self.ring_node.id, epoch=self.ring_node.epoch, redrive=len(rounds),
                  next_round=self.planner.next_round, replaying=len(self.replaying))
 
     def _initial_state(self) -> dict:
@@ -379,9 +393,9 @@ class RingHead:
         """The input records dead-lettered at or past `low` (per dead-letter partition; absent:
         from its start), as (source topic, partition, offset). The caller flushed this node's
         producer, so its own dead letters are all there."""
-        found = kafka.read_settled(self.w.cluster, self.job.dead_letter_topic,
+        found = kafka.read_settled(self.ring_node.cluster, self.job.dead_letter_topic,
                                       {p: low.get(p, 0) for p in range(self.job.partitions)},
-                                      f"{self.job.consumer_group}-{self.w.id}-dead-letters", log)
+                                      f"{self.job.consumer_group}-{self.ring_node.id}-dead-letters", log)
         return {ref for m in found if (ref := dead_letter_ref(m.headers())) is not None}
 
     def _redrive(self) -> bool:
@@ -405,7 +419,7 @@ class RingHead:
             return False
         if self.planner.steps:
             return False  # a resize under way needs its rounds: checkpoint once it is done
-        if self.planner.in_flight or self.w.local:
+        if self.planner.in_flight or self.ring_node.has_local_work():
             return True
         self._mark()
         return False
@@ -413,20 +427,20 @@ class RingHead:
     def _mark(self) -> None:
         """Start a checkpoint at the round about to be released: note where the round log and
         the results end, then send the Mark round the ring (a ring of one completes at once)."""
-        flush(self.w.out, self.w.deliveries)
+        self.ring_node.flush_sent()
         results = [(self.job.results_topic, p) for p in range(self.job.partitions)]
-        ends = kafka.end_offsets(self.w.cluster, [(self.job.ring_log_topic, 0), *results],
-                                 f"{self.job.consumer_group}-{self.w.id}-ends")
+        ends = kafka.end_offsets(self.ring_node.cluster, [(self.job.ring_log_topic, 0), *results],
+                                 f"{self.job.consumer_group}-{self.ring_node.id}-ends")
         at = LogMark(next_round=self.planner.next_round, counts=list(self.sequencer.counts),
                      log_end=ends[(self.job.ring_log_topic, 0)])
         layout = self.planner.layout
-        ranges = {self.w.id: ranges_json(slice_ranges(self.w.node.slices, at.next_round))}
+        ranges = {self.ring_node.id: ranges_json(slice_ranges(self.ring_node.node.slices, at.next_round))}
         self.marking = {"at": at, "head": self.state(), "results": {p: ends[(t, p)] for t, p in results}}
         self.last_checkpoint = time.monotonic()
         if len(layout) == 1:
             self.on_mark_back(wire.Mark(at.next_round, layout, ranges))
         else:
-            self.w.send_mark(layout[1], wire.Mark(at.next_round, layout, ranges))
+            self.ring_node.send_mark(layout[1], wire.Mark(at.next_round, layout, ranges))
 
     def on_mark_back(self, mark: wire.Mark) -> None:
         """The Mark went round: write the checkpoint (the node reads it back and takes it)."""
@@ -435,11 +449,9 @@ class RingHead:
         at: LogMark = self.marking["at"]
         start, kept = start_mark(self.history, at, mark.ranges)
         self.history = [*kept, at]
-        checkpoint = RingCheckpoint(epoch=self.w.epoch, at=at, start=start, history=self.history, ranges=mark.ranges,
+        checkpoint = RingCheckpoint(epoch=self.ring_node.epoch, at=at, start=start, history=self.history, ranges=mark.ranges,
                                     head=self.marking["head"], results_end=self.marking["results"], wall_ms=now_ms())
-        self.w.out.produce(self.job.ring_epochs_topic, value=ring_epochs.encode(checkpoint),
-                           key=ring_epochs.CHECKPOINT_KEY, partition=0, on_delivery=self.w.deliveries.report)
-        flush(self.w.out, self.w.deliveries)
+        self.ring_node.write_durably(self.job.ring_epochs_topic, ring_epochs.encode(checkpoint), key=ring_epochs.CHECKPOINT_KEY)
         self.marking = None
         metrics.RING_CHECKPOINTS.inc()
 

@@ -41,7 +41,6 @@ same way in both modes.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections import deque
@@ -53,7 +52,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPart
 
 from streamjoin.engine.block import Block
 from streamjoin.engine.psp.head import RoundPlanner
-from streamjoin.engine.psp.messages import Build, End, Partial, RoundInfo
+from streamjoin.engine.psp.messages import End, RoundInfo
 from streamjoin.engine.psp.messages import Message as RingMessage
 from streamjoin.engine.psp.node import Outbox, RingNode
 from streamjoin.engine.psp.recovery import rebuild, slice_ranges
@@ -74,7 +73,6 @@ from streamjoin.services.shutdown import StopFlag, started
 from streamjoin.settings import JobSettings
 
 log = structlog.get_logger("streamjoin.worker.ring")
-MAX_HOP_BYTES = 4 << 20  # a Build or Partial above this (NumPy bytes) is split; see _pieces
 CATCH_UP_S = 60.0  # how long a hop record of a newer epoch may wait for its RingStart to be readable
 
 
@@ -176,9 +174,7 @@ class RingWorker:
         self.incarnation = uuid.uuid4().hex
         start = RingStart(worker=self.id, incarnation=self.incarnation,
                           checkpoint=self.checkpoint if self.job.ring.recovery else None, wall_ms=now_ms())
-        self.out.produce(self.job.ring_epochs_topic, value=ring_epochs.encode(start), key=ring_epochs.start_key(start),
-                         partition=0, on_delivery=self.deliveries.report)
-        flush(self.out, self.deliveries)
+        self.write_durably(self.job.ring_epochs_topic, ring_epochs.encode(start), key=ring_epochs.start_key(start))
         self._read_epochs_until(lambda: self.live or self.reincarnate)
         if self.layout_msg is not None:
             self._on_layout(self.layout_msg)
@@ -410,7 +406,7 @@ class RingWorker:
             self.out.produce(self.job.hop_topic(node), value=record.value, headers=wire.restamp(record.headers, epoch),
                              partition=0, on_delivery=self.deliveries.report)
             return
-        for piece in _pieces(msg):
+        for piece in wire.hop_pieces(msg):
             value, headers = wire.encode(piece, epoch)
             self.out.produce(self.job.hop_topic(node), value=value, headers=headers, partition=0,
                              on_delivery=self.deliveries.report)
@@ -434,8 +430,36 @@ class RingWorker:
         """The trigger records whose probe the UDF failed on, once per record and node; the
         value is the member tuples the UDF was given, as an Arrow block."""
         for value, partition, headers in udf_dead_letters(self.job, trigger, rows, detail, self.dead_seen):
-            self.txn.producer.produce(self.job.dead_letter_topic, value=value, partition=partition, headers=headers,
-                             on_delivery=self.deliveries.report)
+            self.write_dead_letter(value, None, partition, headers)
+
+    # ------------------------------------------------ what the ring head asks of its node
+
+    def write_dead_letter(self, value: bytes | None, key: bytes | None, partition: int, headers: list) -> None:
+        """A dead letter, in this node's open output transaction."""
+        self.txn.producer.produce(self.job.dead_letter_topic, value=value, key=key, partition=partition,
+                                  headers=headers, on_delivery=self.deliveries.report)
+
+    def commit_output(self) -> None:
+        """Commit the results and dead letters written so far (the output transaction)."""
+        self.txn.commit()
+
+    def write_durably(self, topic: str, value: bytes, key: bytes | None = None, headers: list | None = None) -> None:
+        """A record on partition 0 of a log topic (round log, checkpoints), flushed with
+        every record this node sent before it."""
+        self.out.produce(topic, value=value, key=key, headers=headers, partition=0, on_delivery=self.deliveries.report)
+        flush(self.out, self.deliveries)
+
+    def flush_sent(self) -> None:
+        """Wait until every record this node sent outside its output transaction is written."""
+        flush(self.out, self.deliveries)
+
+    def delivered_ends(self) -> dict[tuple[str, int], int]:
+        """The newest offset delivered per (topic, partition)."""
+        return self.deliveries.newest
+
+    def has_local_work(self) -> bool:
+        """Messages this node sent to itself are still to be handled."""
+        return bool(self.local)
 
     def _recovery_status(self) -> dict[str, float]:
         """What the heartbeat (and `streamjoin status`) says about crash recovery."""
@@ -459,20 +483,6 @@ class RingWorker:
         self.out.produce(self.job.control_topic, value=control.encode(beat), key=self.id.encode(), partition=0,
                          on_delivery=count_failed_control_delivery)
         self.out.poll(0)
-
-
-def _pieces(msg: RingMessage) -> list[RingMessage]:
-    """A Build or Partial is a set of rows; a large one (a watermark jump moves a whole slice
-    at once) travels as several of the same kind and round, in order, which the next node
-    handles exactly as the one: it inserts them in turn, or probes them in turn. Each stays
-    well under the broker's record size. Probes are bounded by the round size instead."""
-    rows = msg.tuples if isinstance(msg, Build) else msg.rows if isinstance(msg, Partial) else None
-    if rows is None or rows.nbytes <= MAX_HOP_BYTES:
-        return [msg]
-    cuts = np.linspace(0, len(rows), -(-rows.nbytes // MAX_HOP_BYTES) + 1).astype(np.int64)
-    parts = [rows.take(np.arange(a, b)) for a, b in zip(cuts, cuts[1:]) if b > a]
-    key = "tuples" if isinstance(msg, Build) else "rows"
-    return [dataclasses.replace(msg, **{key: part}) for part in parts]
 
 
 def run_ring_worker(job: JobSettings, cluster: kafka.Cluster, worker_id: str, metrics_port: int | None = None) -> None:
