@@ -45,6 +45,29 @@ def _query(port: int, promql: str) -> list:
     return json.loads(body)["data"]["result"]
 
 
+def start_prometheus(conf_dir: Path, tmp_path: Path, tries: int = 3) -> tuple[subprocess.Popen, int]:
+    """Prometheus on a free port, once it answers /-/ready; its log in tmp_path. A port taken
+    between choosing and binding it (another process of the suite) makes it exit: then again
+    on another port, and the last log says why when every try failed."""
+    for attempt in range(tries):
+        port, log_path = free_port(), tmp_path / f"prometheus-{attempt}.log"
+        with log_path.open("wb") as log:
+            prom = subprocess.Popen(["prometheus", f"--config.file={conf_dir / 'prometheus.yml'}",
+                                     f"--storage.tsdb.path={tmp_path / f'tsdb-{attempt}'}",
+                                     f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while prom.poll() is None and time.monotonic() < deadline:
+            try:
+                if _get(f"http://127.0.0.1:{port}/-/ready")[0] == 200:
+                    return prom, port
+            except urllib.error.URLError:
+                pass
+            time.sleep(0.2)
+        prom.kill()
+        prom.wait(10)
+    raise AssertionError(f"prometheus did not start: {log_path.read_text()[-2000:]}")
+
+
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed (ops/setup.sh)")
 def test_prometheus_scrapes_workers_and_evaluates_rules(broker, fleet_for, tmp_path: Path) -> None:
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2,
@@ -57,10 +80,7 @@ def test_prometheus_scrapes_workers_and_evaluates_rules(broker, fleet_for, tmp_p
     for f in ("prometheus.yml", "rules.yml"):
         shutil.copy(OPS / f, conf_dir / f)
     fleet.write_prometheus_targets(conf_dir / "targets.json")
-    port = free_port()
-    prom = subprocess.Popen(["prometheus", f"--config.file={conf_dir / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom, port = start_prometheus(conf_dir, tmp_path)
     try:
         rows = rows_out_of_order("rs", 4000, 50, seed=7)
         produce(job, broker.bootstrap, rows)
