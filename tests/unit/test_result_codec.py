@@ -38,7 +38,7 @@ from tests.profiles import examples
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "streamjoin"
-AVSC = REPO / "docs" / "results-seed000.avsc"
+AVSC = REPO / "docs" / "reference" / "results-equijoin.avsc"
 FMTS = ["json", "avro", "blocks"]
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -111,7 +111,7 @@ def blocks(draw: st.DrawFn, layout: ResultLayout, max_rows: int = 6) -> Block:
     return Block(cols)
 
 
-def seed000_block(n: int, seed: int = 0) -> tuple[ResultLayout, Block]:
+def equijoin_block(n: int, seed: int = 0) -> tuple[ResultLayout, Block]:
     """The default job's layout and a block like the equi-join workload's results: int key, ts, 48-character pad
     per stream, ids from random refs."""
     layout = result_layout(load(default_job_file()))
@@ -251,7 +251,7 @@ def test_non_finite_floats_are_json_null_and_others_python_repr() -> None:
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_an_empty_block_has_no_records(fmt: str) -> None:
-    layout, block = seed000_block(0)
+    layout, block = equijoin_block(0)
     values = {"json": encode_json, "avro": encode_avro}[fmt](layout, block) if fmt != "blocks" else \
         encode_blocks(block)
     assert values == []
@@ -263,7 +263,7 @@ def test_an_empty_block_has_no_records(fmt: str) -> None:
 def test_blocks_are_chunked_without_internal_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ROWS_PER_CHUNK == 50_000
     monkeypatch.setattr(result_encode, "ROWS_PER_CHUNK", 4)
-    layout, block = seed000_block(10)
+    layout, block = equijoin_block(10)
     values = encode_blocks(block)
     chunks = [decode_block(v) for v in values]
     assert [len(c) for c in chunks] == [4, 4, 2]
@@ -278,7 +278,7 @@ def test_blocks_are_chunked_without_internal_columns(monkeypatch: pytest.MonkeyP
 
 
 def test_hash_mode_keys_are_the_first_streams_join_key_text_and_land_on_its_group() -> None:
-    layout, block = seed000_block(200)
+    layout, block = equijoin_block(200)
     keys = result_keys(layout, block)
     assert to_bytes_list(keys) == [str(k).encode() for k in block["r.k"].tolist()]
     assert partitions_for_keys(keys, 60).tolist() == [partition_for(str(k).encode(), 60) for k in block["r.k"]]
@@ -340,7 +340,7 @@ def test_readers_reject_junk_by_position_and_keep_the_rest(data: st.DataObject, 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.sampled_from(FMTS))
 def test_damaged_records_never_raise(data: st.DataObject, fmt: str) -> None:
-    layout, block = seed000_block(3, seed=data.draw(st.integers(0, 100)))
+    layout, block = equijoin_block(3, seed=data.draw(st.integers(0, 100)))
     values = encode_blocks(block) if fmt == "blocks" else ENCODERS[fmt](layout, block)
     damaged = []
     for v in values:
@@ -362,7 +362,7 @@ def test_damaged_records_never_raise(data: st.DataObject, fmt: str) -> None:
 def test_four_zero_bytes_anywhere_in_a_block_never_lose_its_rows_silently() -> None:
     """Four zero bytes read as an old-style end of stream: the batches after them would be
     dropped without an error unless the stream must end where the record does (CI found it)."""
-    layout, block = seed000_block(3, seed=7)
+    layout, block = equijoin_block(3, seed=7)
     (value,) = encode_blocks(block)
     for cut in range(len(value) + 1):
         decoded = decode_results(layout, "blocks", [value[:cut] + b"\0\0\0\0" + value[cut:]])
@@ -370,7 +370,7 @@ def test_four_zero_bytes_anywhere_in_a_block_never_lose_its_rows_silently() -> N
 
 
 def _json_record(layout: ResultLayout) -> dict:
-    _, block = seed000_block(1)
+    _, block = equijoin_block(1)
     return expected_record(layout, block, 0, "json")
 
 
@@ -379,7 +379,7 @@ def _json_record(layout: ResultLayout) -> dict:
     (lambda r: r["r"].pop("pad"), "missing r.pad"),
     (lambda r: r.update(result_id="ABC"), "result_id is not 32 hex digits"),
     (lambda r: r.update(result_id="0123456789ABCDEF0123456789abcdef"), "result_id is not 32 hex digits"),
-    (lambda r: r["inputs"]["s"].update(topic="elsewhere"), "inputs.s.topic is not seed000.s"),
+    (lambda r: r["inputs"]["s"].update(topic="elsewhere"), "inputs.s.topic is not equijoin.s"),
     (lambda r: r["inputs"]["r"].update(partition=-1), "inputs.r.partition out of range"),
     (lambda r: r["inputs"]["r"].update(partition=2**31), "inputs.r.partition out of range"),
     (lambda r: r["inputs"]["r"].update(offset=-5), "inputs.r.offset out of range"),
@@ -417,7 +417,7 @@ def test_json_reader_takes_any_key_order_and_whitespace_and_checks_base64() -> N
 
 
 def test_avro_reader_rejects_truncated_and_overlong_values() -> None:
-    layout, block = seed000_block(3)
+    layout, block = equijoin_block(3)
     values = encode_avro(layout, block)
     decoded = decode_results(layout, "avro", [values[0][:-3], values[1] + b"\x00", None, values[2]])
     assert [r.index for r in decoded.rejects] == [0, 1, 2]
@@ -426,7 +426,7 @@ def test_avro_reader_rejects_truncated_and_overlong_values() -> None:
 
 
 def test_blocks_reader_rejects_blocks_missing_a_column_or_holding_nulls() -> None:
-    layout, block = seed000_block(3)
+    layout, block = equijoin_block(3)
     partial = encode_blocks(Block({k: v for k, v in block.columns.items() if k != "s.pad"}))
     table = pa.ipc.open_stream(encode_blocks(block)[0]).read_all()
     with_null = table.set_column(table.column_names.index("r.k"), "r.k", pa.array([1, None, 3], pa.int64()))
@@ -474,7 +474,7 @@ def test_docs_schema_file_is_up_to_date() -> None:
     result = CliRunner().invoke(app, ["schema", "results", "--job", str(default_job_file())])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == results_avro_schema(result_layout(load(default_job_file())))
-    assert AVSC.read_text() == result.stdout, "regenerate: streamjoin schema results > docs/results-seed000.avsc"
+    assert AVSC.read_text() == result.stdout, "regenerate: streamjoin schema results > docs/reference/results-equijoin.avsc"
 
 
 def _render(values: dict | None) -> dict[str, dict]:
@@ -508,7 +508,7 @@ def test_helm_renders_the_results_schema_of_the_job_it_deploys(values: dict | No
 
 def test_json_reader_survives_a_bare_null_first() -> None:
     """pyarrow 26's JSON reader segfaults when a buffer's first document is `null`: it must never see one."""
-    layout, block = seed000_block(1)
+    layout, block = equijoin_block(1)
     decoded = decode_results(layout, "json", [b"null", b" null", *encode_json(layout, block)])
     assert [(r.index, r.detail) for r in decoded.rejects] == [(0, "not a JSON object"), (1, "not a JSON object")]
     assert_columns_equal(decoded.columns, block)

@@ -26,7 +26,7 @@ def _job(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
 def test_default_job_loads() -> None:
     job = load(default_job_file())
     assert job.partitions == 60 and [s.name for s in job.streams] == ["r", "s"]
-    assert job.input_topics == ["seed000.r", "seed000.s"]
+    assert job.input_topics == ["equijoin.r", "equijoin.s"]
 
 
 @pytest.mark.parametrize("mutate, field", [

@@ -133,7 +133,7 @@ def test_image_ids_run_and_scenes_are_shared() -> None:
 # ---------------------------------------------------------------- productivity (the spill paper's workload)
 
 
-def seed003_job(partitions: int = 6, key_type: str = "int", **workload: object) -> JobSettings:
+def productivity_job(partitions: int = 6, key_type: str = "int", **workload: object) -> JobSettings:
     """The spill paper's 3-way join a x b x c on key k, over the equi-join job file's other settings."""
     streams = [{"name": n, "fields": {"k": key_type, "ts": "int", "pad": "str"}, "time_field": "ts",
                 "key_fields": ["k"], "window": {"range_ms": 60000}} for n in "abc"]
@@ -154,7 +154,7 @@ def assert_in_domains(job: JobSettings, keys: np.ndarray, hashed: np.ndarray) ->
 
 
 @pytest.mark.parametrize("partitions", [1, 7, 60])
-def test_seed003_key_pools_hash_to_their_group(partitions: int) -> None:
+def test_productivity_key_pools_hash_to_their_group(partitions: int) -> None:
     pools = group_keys(partitions, 40)
     assert pools.shape == (partitions, 40) and len(np.unique(pools)) == pools.size
     # The scalar reference partitioner, independent of the vectorised one the pools are built with.
@@ -163,8 +163,8 @@ def test_seed003_key_pools_hash_to_their_group(partitions: int) -> None:
 
 
 @pytest.mark.parametrize("key_type", ["int", "str"])
-def test_seed003_keys_land_uniformly_in_their_groups(key_type: str) -> None:
-    job = seed003_job(partitions=12, key_type=key_type, tuple_range=6000, join_ratios=[4, 1])
+def test_productivity_keys_land_uniformly_in_their_groups(key_type: str) -> None:
+    job = productivity_job(partitions=12, key_type=key_type, tuple_range=6000, join_ratios=[4, 1])
     k = batch(job, 0, ms=20_000)["k"]
     hashed = groups_of(k, key_type, 12)
     assert_in_domains(job, k.astype(np.int64), hashed)
@@ -172,14 +172,14 @@ def test_seed003_keys_land_uniformly_in_their_groups(key_type: str) -> None:
     assert np.all(np.abs(counts - len(k) / 12) < 0.15 * len(k) / 12), counts
 
 
-def test_seed003_domains_follow_the_ratios() -> None:
-    job = seed003_job(partitions=6, tuple_range=12_000, join_ratios=[4, 2, 1])
+def test_productivity_domains_follow_the_ratios() -> None:
+    job = productivity_job(partitions=6, tuple_range=12_000, join_ratios=[4, 2, 1])
     assert group_domains(job).tolist() == [500, 1000, 2000] * 2
-    assert group_domains(seed003_job(partitions=64, tuple_range=10, join_ratios=[3])).tolist() == [1] * 64
+    assert group_domains(productivity_job(partitions=64, tuple_range=10, join_ratios=[3])).tolist() == [1] * 64
 
 
-def test_seed003_deterministic_per_rng_and_sampled() -> None:
-    job = seed003_job()
+def test_productivity_deterministic_per_rng_and_sampled() -> None:
+    job = productivity_job()
     assert same(batch(job, 0), batch(job, 0))
     assert not same(batch(job, 0), batch(job, 0, seed=4))
     cols = sample(job, 2, 300, seed=5)
@@ -190,11 +190,11 @@ def test_seed003_deterministic_per_rng_and_sampled() -> None:
 
 
 @pytest.mark.parametrize("ranges", [1, 2])
-def test_seed003_partners_per_tuple_grow_with_the_join_ratio(ranges: int) -> None:
+def test_productivity_partners_per_tuple_grow_with_the_join_ratio(ranges: int) -> None:
     """Within w ranges, a tuple of group ratio j meets about w * j same-key tuples of each other
     stream, so about (w * j)^2 3-way results (the paper: ratio 2 gives 4, then 16)."""
     rate, tuple_range = 2000.0, 12_000
-    job = seed003_job(partitions=6, tuple_range=tuple_range, join_ratios=[4, 1])
+    job = productivity_job(partitions=6, tuple_range=tuple_range, join_ratios=[4, 1])
     span = int(ranges * tuple_range / rate * 1000)  # one range = tuple_range / rate seconds
     # Generated per one-second batch, as the Spark sources do: the ratio must not need state across batches.
     streams = [np.concatenate([generate(job, i, np.random.default_rng([11, i, t]), T0 + t, T0 + t + 1000, rate)["k"]
@@ -222,9 +222,9 @@ def test_seed003_partners_per_tuple_grow_with_the_join_ratio(ranges: int) -> Non
     ({"join_ratios": [float("inf")]}, "workload.join_ratios"),
     ({"tuple_range": 0}, "workload.tuple_range"),
 ])
-def test_seed003_bad_settings_name_the_field(tmp_path: Path, workload: dict, field: str) -> None:
+def test_productivity_bad_settings_name_the_field(tmp_path: Path, workload: dict, field: str) -> None:
     with pytest.raises(SettingsError, match=field):
-        seed003_job(**workload)
+        productivity_job(**workload)
     data = yaml.safe_load(Path("streamjoin/jobs/equijoin.yaml").read_text())
     data["workload"].update(kind="productivity", **workload)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
@@ -235,9 +235,9 @@ def test_seed003_bad_settings_name_the_field(tmp_path: Path, workload: dict, fie
 
 @pytest.mark.parametrize("update", [{"key_fields": []}, {"key_fields": ["k", "ts"]},
                                     {"fields": {"k": "bool", "ts": "int", "pad": "str"}}])
-def test_seed003_needs_one_int_or_str_key_field(update: dict) -> None:
+def test_productivity_needs_one_int_or_str_key_field(update: dict) -> None:
     """Checked by the generator and, before Spark starts, by the sources job."""
-    job = seed003_job()
+    job = productivity_job()
     spec = job.streams[1].model_copy(update=update)
     with pytest.raises(ValueError, match="stream b"):
         group_key_field(spec)
@@ -248,8 +248,8 @@ def test_seed003_needs_one_int_or_str_key_field(update: dict) -> None:
 @settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 64), st.integers(1, 20_000), st.lists(st.floats(0.5, 8.0), min_size=1, max_size=4),
        st.integers(0, 2**32 - 1))
-def test_seed003_fuzz_every_key_lands_in_its_group(partitions: int, tuple_range: int, ratios: list[float],
+def test_productivity_fuzz_every_key_lands_in_its_group(partitions: int, tuple_range: int, ratios: list[float],
                                                     seed: int) -> None:
-    job = seed003_job(partitions=partitions, tuple_range=tuple_range, join_ratios=ratios)
+    job = productivity_job(partitions=partitions, tuple_range=tuple_range, join_ratios=ratios)
     k = generate(job, 0, np.random.default_rng(seed), T0, T0 + 500, 1000.0)["k"]
     assert_in_domains(job, k, groups_of(k, "int", partitions))
