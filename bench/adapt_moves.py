@@ -40,7 +40,7 @@ def migration_run(env: BenchEnv, plan: Plan, size: Size, index: int) -> dict:
     span = window_s + plan.settle_s + plan.moves * (plan.settle_s + 2)
     job = base_job(env, f"adapt-move{index}", 2, plan.partitions, [ours.Step(size.rate, span)], size.window_ms)
     fleet, ids = ours.start_fleet(env, job, 2)
-    feed = PacedInput(job, env.bootstrap, constant(size.rate), seed=job.workload.seed)
+    feed = PacedInput(job, env.bootstrap, constant(size.rate), seed=job.workload.random_state)
     feed.start()
     env.console.print(f"[bold cyan]bench[/] {size.rate:.0f} tuples/s per stream, {window_s:.0f}s window: "
                       f"filling it, then {plan.moves} moves")
@@ -134,7 +134,7 @@ def failover(env: BenchEnv, plan: Plan) -> dict:
     fleet, ids = ours.start_fleet(env, job, plan.failover_workers)
     fleet.restart_workers = False
     began_ms = int(time.time() * 1000)
-    feed = PacedInput(job, env.bootstrap, constant(plan.failover_rate), seed=job.workload.seed)
+    feed = PacedInput(job, env.bootstrap, constant(plan.failover_rate), seed=job.workload.random_state)
     feed.start()
     time.sleep(plan.settle_s * 2)
     alive, kills = list(ids), []

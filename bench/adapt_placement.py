@@ -56,7 +56,7 @@ def placement_run(env: BenchEnv, plan: Plan, name: str, placement: str, workers:
     job = base_job(env, name, workers, plan.partitions, [ours.Step(steps[0].rate, plan.warm_s), *steps], plan.window_ms,
                    adaptive | {"placement": "sticky"})
     fleet, ids = ours.start_fleet(env, job, workers)
-    feed = PacedInput(job, env.bootstrap, schedule, seed=job.workload.seed)
+    feed = PacedInput(job, env.bootstrap, schedule, seed=job.workload.random_state)
     feed.start()
     slowdown = Slowdown(fleet.procs[ids[-1]].pid, *slow) if slow else None
     if slowdown:

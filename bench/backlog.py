@@ -12,7 +12,7 @@ Poisson arrivals, b-model keys; key fields and other numbers carry the key.
 Event time spans `event_ms` from a start the caller picks (the scale run
 puts it that far in the past, so no tuple is ahead of the workers' clock),
 long enough for windows to fill and expire during a drain. A chunk of event
-time per stream is drawn from a generator seeded by (workload seed, stream,
+time per stream is drawn from a generator seeded by (workload random_state, stream,
 chunk), so the backlog is a function of the seed and the start alone.
 
 Who does what. The parent draws the tuples chunk after chunk (both streams
@@ -100,7 +100,7 @@ class Chunk:
 def chunks(job: JobSettings, plan: BacklogPlan, start_ms: int) -> Iterator[Chunk]:
     """Every chunk of the backlog in event-time order, both streams per chunk of time.
 
-    job: the workload (streams, workload.seed/skew/domain/rate_factors, partitions);
+    job: the workload (streams, workload.random_state/skew/domain/rate_factors, partitions);
     plan: its size; start_ms: the event time of the backlog's start."""
     rate = plan.rate(len(job.streams))
     chunk_ms = max(1, round(plan.chunk_tuples / rate * 1000))
@@ -114,7 +114,7 @@ def draw(job: JobSettings, stream: int, index: int, t0_ms: int, t1_ms: int, rate
     """Stream `stream`'s chunk `index`: Poisson arrivals at `rate` tuples/s (times the stream's
     workload.rate_factors) in [t0_ms, t1_ms), b-model keys, each key's partition."""
     w = job.workload
-    rng = np.random.default_rng([w.seed, stream, _BACKLOG, index])
+    rng = np.random.default_rng([w.random_state, stream, _BACKLOG, index])
     spec = job.streams[stream]
     arrivals = workloads.poisson_times(rng, rate * w.rate_factors.get(spec.name, 1.0), t0_ms, t1_ms)
     key = workloads.b_model_keys(rng, len(arrivals), w.skew, w.domain)

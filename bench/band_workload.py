@@ -160,7 +160,7 @@ def make_backlog(case: Case, plan: Plan, tick_from_ms: int | None = None, tick_m
     job = base_job(case, plan.round_cap)
     columns, records, starts = [], [], []
     for i, spec in enumerate(job.streams):
-        rng = np.random.default_rng([job.workload.seed, i])
+        rng = np.random.default_rng([job.workload.random_state, i])
         cols = workloads.generate(job, i, rng, T0_MS, T0_MS + case.span_ms, case.rate)
         cuts = record_starts(cols[spec.time_field], plan.block_tuples, tick_from_ms, tick_ms)
         bounds = np.append(cuts, len(cols[spec.time_field])).tolist()

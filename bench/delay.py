@@ -89,7 +89,7 @@ def joined(env: BenchEnv, plan: DelayPlan, partitions: int) -> dict:
     """A fleet fed at the plan's rate: the span's delay, CPU and cycles; the output's verdict."""
     job = paced_job(env, plan, f"delay-{partitions}p", partitions)
     fleet, ids = ours.start_fleet(env, job, plan.workers)
-    feed = PacedInput(job, env.bootstrap, constant(plan.rate), seed=job.workload.seed)
+    feed = PacedInput(job, env.bootstrap, constant(plan.rate), seed=job.workload.random_state)
     feed.start()
     time.sleep(plan.warm_s)
     feed.begin_span()
@@ -147,7 +147,7 @@ def delivery(env: BenchEnv, plan: DelayPlan, partitions: int) -> dict:
     stop = threading.Event()
     reader = threading.Thread(target=hold_delays, args=(env.cluster, job, held, stop), daemon=True)
     reader.start()
-    feed = PacedInput(job, env.bootstrap, constant(plan.rate), seed=job.workload.seed)
+    feed = PacedInput(job, env.bootstrap, constant(plan.rate), seed=job.workload.random_state)
     feed.start()
     time.sleep(plan.warm_s)
     skip = sum(map(len, held))  # the warm-up's records

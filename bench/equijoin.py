@@ -122,14 +122,14 @@ def parameters(job: JobSettings, plan: Plan, quick: bool) -> dict:
         "mode": "quick" if quick else "full",
         "streams": [s.name for s in job.streams],
         "window_ms": plan.window_ms,
-        "tuple_bytes": w.tuple_bytes, "skew": w.skew, "domain": w.domain, "seed": w.seed,
+        "tuple_bytes": w.tuple_bytes, "skew": w.skew, "domain": w.domain, "random_state": w.random_state,
         "partitions": job.partitions, "batch_ms": job.worker.batch_ms,
         "allowed_lateness_ms": job.join.allowed_lateness_ms, "exactly_once": job.worker.exactly_once,
         "workers": list(plan.workers),
         "steps": [{"rate_per_stream": s.rate, "seconds": s.seconds} for s in plan.steps],
         "spark_files_per_trigger": plan.spark_files_per_trigger,
         "capacity_rule": f"highest step rate before the first step whose p99 delay is not under {THRESHOLD_S:.0f}s",
-        "arrivals": "Poisson", "generator": "Spark sources (services/spark/sources.py), seed + step per step",
+        "arrivals": "Poisson", "generator": "Spark sources (services/spark/sources.py), random state + step per step",
     }
 
 

@@ -176,7 +176,7 @@ def run_sweep(env: BenchEnv, job: JobSettings, workers: int, steps: Sequence[Ste
                           f"{step.rate:.0f} tuples/s per stream for {step.seconds:.0f}s")
         began_ms = time.time() * 1000
         # A seed per step: every step draws fresh keys, not the previous step's again.
-        step_job = job.model_copy(update={"workload": job.workload.model_copy(update={"seed": job.workload.seed + i})})
+        step_job = job.model_copy(update={"workload": job.workload.model_copy(update={"random_state": job.workload.random_state + i})})
         produced = run_sources(step_job, env.cluster, seconds=step.seconds, rate=step.rate)
         written_ms = time.time() * 1000
         wait_drained(job, env.bootstrap, fleet, timeout=max(300.0, 20 * step.seconds))

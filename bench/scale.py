@@ -374,7 +374,7 @@ def parameters(job: JobSettings, plan: ScalePlan, quick: bool, runs: dict[int, d
     return {
         "mode": "quick" if quick else "full", "streams": [s.name for s in job.streams],
         "window_ms": plan.window_ms, "partitions": job.partitions, "tuple_bytes": w.tuple_bytes, "skew": w.skew,
-        "domain": w.domain, "seed": w.seed, "batch_ms": job.worker.batch_ms,
+        "domain": w.domain, "random_state": w.random_state, "batch_ms": job.worker.batch_ms,
         "allowed_lateness_ms": job.join.allowed_lateness_ms, "exactly_once": job.worker.exactly_once,
         "output_format": job.output.format, "worker_counts": sorted(runs),
         "backlog": {"tuples": b.tuples, "event_ms": b.event_ms, "rate_per_stream": b.rate(len(job.streams)),

@@ -85,7 +85,7 @@ def make_job(plan: Plan, path: Path, ratios: Sequence[float], budget: int, victi
                              "memory_balance_theta": theta, "memory_balance_interval_ms": plan.interval_ms,
                              "disk_adaptation": disk_adaptation, "scale_cooldown_ms": 10**15},
                 workload={"kind": "productivity", "rate": plan.rate, "tuple_range": tuple_range,
-                          "join_ratios": list(ratios), "seed": 3})
+                          "join_ratios": list(ratios), "random_state": 3})
 
 
 def make_inputs(job: JobSettings, plan: Plan) -> Inputs:
@@ -95,7 +95,7 @@ def make_inputs(job: JobSettings, plan: Plan) -> Inputs:
         t0, t1 = b * plan.batch_ms, (b + 1) * plan.batch_ms
         per_stream = []
         for i in range(len(STREAMS)):
-            rng = np.random.default_rng([job.workload.seed, i, b])
+            rng = np.random.default_rng([job.workload.random_state, i, b])
             cols = workloads.generate(job, i, rng, t0, t1, job.workload.rate)
             groups = partitions_for_keys(key_text([(cols["k"], "int")]), job.partitions).astype(np.int64)
             per_stream.append((groups, cols))

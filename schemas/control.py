@@ -34,7 +34,7 @@ class Heartbeat(BaseModel):
     # rollback's seconds until every re-driven round was back (services/ring/node.py)
     ring_recovery: dict[str, float] = Field(default_factory=dict)
     epoch: int = 0  # hash worker: the placement epoch of the newest assignment it applied
-    # Spill (docs/design.md, windows larger than memory; worker.spill). memory_bytes: window bytes held in memory;
+    # Spill (docs/modes/hash.md, windows larger than memory; worker.spill). memory_bytes: window bytes held in memory;
     # memory_budget: worker.memory_bytes; spilled_bytes: window bytes on disk only (pushed groups,
     # and in deferred mode their generations); generations: spilled generations not cleaned up
     # yet; cleanup_backlog_bytes: their bytes; spilled_groups: groups with such generations

@@ -23,7 +23,7 @@ arrival instant (epoch ms, floored). The other fields depend on
             key text hashes (Kafka's murmur2) to g, so the record lands in g.
   airline   the StreamReuse paper's Delta OIS example (section 2.1): streams flights,
             checkins, baggage and weather over one flight catalogue drawn
-            from the workload seed (`flight_catalogue`): carriers' shares
+            from the workload random_state (`flight_catalogue`): carriers' shares
             of flights are Zipf (a few big carriers), each carrier mostly in
             its own terminal; flights, check-ins and bags pick a flight
             uniformly, weather a destination city.
@@ -214,7 +214,7 @@ def scenes(job: JobSettings) -> int:
 
 def scene_image(job: JobSettings, scene: int) -> np.ndarray:
     """The scene's base image, uint8[3 x pixels]: the same in every stream."""
-    rng = np.random.default_rng([job.workload.seed, _SCENES, scene])
+    rng = np.random.default_rng([job.workload.random_state, _SCENES, scene])
     return rng.integers(0, 256, 3 * job.workload.pixels, dtype=np.uint8)
 
 
@@ -352,12 +352,12 @@ def carrier_shares(carriers: int, skew: float) -> np.ndarray:
 
 
 def flight_catalogue(workload: WorkloadSpec) -> FlightCatalogue:
-    """The workload's flight catalogue, the same for every stream and batch (drawn from workload.seed).
+    """The workload's flight catalogue, the same for every stream and batch (drawn from workload.random_state).
 
     Carrier c runs max(1, round(flights_per_carrier * carriers * share_c)) flights, numbered
     <code><3-5 digits>, 80% at its home terminal (c mod terminals), gates 1..30 of the terminal,
     destinations drawn with a mild hub skew among the first `cities` city codes."""
-    return _catalogue(workload.seed, workload.carriers, workload.carrier_skew, workload.flights_per_carrier,
+    return _catalogue(workload.random_state, workload.carriers, workload.carrier_skew, workload.flights_per_carrier,
                       workload.terminals, workload.cities)
 
 

@@ -16,7 +16,11 @@ class CoordinatorSpec(StrictModel):
     (load balancing, degree of declustering), the spill and memory balancing paper's sections
     5.1-5.2 (memory balancing)."""
 
-    heartbeat_timeout_ms: int = Field(default=10_000, gt=0)
+    heartbeat_timeout_ms: int = Field(
+        default=10_000, gt=0,
+        description="a worker heard within this long is alive (it may get groups or a ring slice); when no "
+                    "heartbeat at all arrived for this long, the coordinator takes itself as cut off and declares "
+                    "nobody dead")
     worker_timeout_ms: int = Field(
         default=30_000, gt=0,
         description="a worker silent this long is dead: with failover: reassign its groups go to live workers "
@@ -25,8 +29,12 @@ class CoordinatorSpec(StrictModel):
         default="reassign",
         description="reassign: a dead worker's groups move to live workers; wait: they wait for that worker "
                     "to come back with its disk (a StatefulSet pod)")
-    expected_workers: int = Field(default=1, gt=0)
-    metrics_port: int = Field(default=0, ge=0)
+    expected_workers: int = Field(
+        default=1, gt=0,
+        description="how many workers must be alive before the coordinator makes the first placement "
+                    "(round-robin over them) or lays out the ring: set it to the fleet's size")
+    metrics_port: int = Field(default=0, ge=0,
+                              description="the coordinator's /metrics and /healthz port (0 = any free port)")
     placement: Literal["sticky", "adaptive"] = Field(
         default="sticky",
         description="sticky: a group stays where it is placed until an operator moves it or its worker dies. "

@@ -75,13 +75,20 @@ class WorkloadSpec(StrictModel):
               flights each, `terminals` terminals and `cities` destinations; each
               stream's rate is `rate` times its `rate_factors` entry."""
 
-    kind: Literal["equijoin", "band", "images", "productivity", "airline"] = "equijoin"
+    kind: Literal["equijoin", "band", "images", "productivity", "airline"] = Field(
+        default="equijoin",
+        description="the generator: equijoin (b-model keys over domain), band (numbers in 1..value_max), images "
+                    "(RGB images), productivity (groups of different join ratios) or airline (flights, check-ins, "
+                    "baggage and weather over one flight catalogue)")
     rate: float = Field(default=1500.0, gt=0, description="tuples/s per stream")
     skew: float = Field(default=0.7, ge=0.5, lt=1.0, description="b-model bias")
     domain: int = Field(default=1 << 20, gt=1, description="join-key domain size (power of two)")
-    tuple_bytes: int = Field(default=64, ge=32)
-    seconds: float = Field(default=30.0, gt=0)
-    seed: int = 7
+    tuple_bytes: int = Field(default=64, ge=32,
+                             description="about how long each generated JSON record is, in bytes (a string "
+                                         "field is padded to it)")
+    seconds: float = Field(default=30.0, gt=0, description="how long `streamjoin sources` writes, in seconds")
+    random_state: int = Field(default=7, description="the random state the generator starts from: the same value "
+                                             "writes the same workload")
     value_max: int = Field(default=10_000, gt=0, description="band: values uniform in 1..value_max")
     pixels: int = Field(default=10_000, gt=0, description="images: pixels per image (3 bytes each)")
     selectivity: float = Field(default=0.1, gt=0, le=1, description="images: share of image pairs that match")

@@ -32,19 +32,57 @@ class JobSettings(TopicNames, BaseModel):
     # hide_input_in_errors: a validation error's text would otherwise repeat the input, secrets included.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
-    job: str = Field(default="demo", pattern=r"^[a-zA-Z0-9_-]+$")
-    bootstrap: str | None = Field(default=None, description="Kafka bootstrap; none = embedded broker")
-    partitions: int = Field(default=60, gt=0, le=1000)
-    streams: list[StreamSpec] = Field(min_length=2, max_length=8)
-    join: JoinSpec = JoinSpec()
-    worker: WorkerSpec = WorkerSpec()
-    coordinator: CoordinatorSpec = CoordinatorSpec()
-    ring: RingSpec = RingSpec()
-    splitjoin: SplitJoinSpec = SplitJoinSpec()
-    workload: WorkloadSpec = WorkloadSpec()
-    output: OutputSpec = OutputSpec()
-    faults: FaultSpec = FaultSpec()
-    queries: QueriesSpec = QueriesSpec()
+    job: str = Field(
+        default="demo", pattern=r"^[a-zA-Z0-9_-]+$",
+        description="the job's name: its internal topics (`<job>.commits`, `<job>.changelog`, ...) and its "
+                    "consumer group (`streamjoin-<job>`) carry it, so two jobs on one cluster never share one")
+    bootstrap: str | None = Field(
+        default=None,
+        description="Kafka bootstrap servers (host:port, comma-separated); unset: a command that needs a cluster "
+                    "exits 2 asking for one, and `streamjoin demo` starts an embedded broker")
+    partitions: int = Field(
+        default=60, gt=0, le=1000,
+        description="partitions of every topic the job creates and the number of partition groups (hash mode's "
+                    "unit of placement, moves and recovery); an input topic with another partition count is read "
+                    "as partitions j with j mod partitions = g")
+    streams: list[StreamSpec] = Field(
+        min_length=2, max_length=8,
+        description="the streams to join, 2 to 8 with unique names: each one's topic, record format, fields, time "
+                    "and key fields, window and source filter")
+    join: JoinSpec = Field(
+        default=JoinSpec(),
+        description="what to join and how: join type and mode, lateness, idle inputs, read-ahead, predicate terms "
+                    "and UDFs (ring and SplitJoin modes), repartitioning and start offsets")
+    worker: WorkerSpec = Field(
+        default=WorkerSpec(),
+        description="each join worker's batching, state directory, memory budget and spill, exactly-once output, "
+                    "changelog, heartbeats and metrics port")
+    coordinator: CoordinatorSpec = Field(
+        default=CoordinatorSpec(),
+        description="the coordinator: failure detection and failover, placement (sticky or adaptive) and the "
+                    "adaptive policy's load balancing, scaling and memory balancing")
+    ring: RingSpec = Field(
+        default=RingSpec(),
+        description="the PSP ring (join.mode: ring): its size, rounds in flight, slice balancing, relocation on a "
+                    "resize, standbys and crash recovery")
+    splitjoin: SplitJoinSpec = Field(
+        default=SplitJoinSpec(),
+        description="SplitJoin (join.mode: splitjoin): its cores, the most a scale may ask for, punctuation "
+                    "precision and release interval")
+    workload: WorkloadSpec = Field(
+        default=WorkloadSpec(),
+        description="the generated workload that `streamjoin sources` (the demo, the benchmarks, the tests) "
+                    "writes to the job's input topics; a production job leaves it out")
+    output: OutputSpec = Field(default=OutputSpec(), description="where and how results are written: their format "
+                                                                 "and topic")
+    faults: FaultSpec = Field(
+        default=FaultSpec(),
+        description="fault injection for crash tests and drills: protocol steps at which a named process kills "
+                    "itself; empty in production")
+    queries: QueriesSpec = Field(
+        default=QueriesSpec(),
+        description="the continuous-query service (`streamjoin queries`): regions and their latencies, how far "
+                    "operators are shared, its HTTP API and how operator versions start")
     topics: TopicsSpec = Field(
         default_factory=TopicsSpec,
         description="replication, min.insync.replicas, retention, cleanup policy and other configs per topic role")
@@ -53,7 +91,10 @@ class JobSettings(TopicNames, BaseModel):
         description="librdkafka properties for every client the job creates (security.protocol, sasl.*, ssl.*, "
                     "timeouts); a value may be {file: PATH} or {env: NAME}; secrets are masked "
                     "(streamjoin.settings.kafka); STREAMJOIN_KAFKA__SASL_PASSWORD sets sasl.password")
-    transactions: TransactionSpec = TransactionSpec()
+    transactions: TransactionSpec = Field(
+        default=TransactionSpec(),
+        description="how long the job's transactional producers and the broker wait on a transaction before "
+                    "giving up on it")
 
     @field_validator("kafka", mode="before")
     @classmethod

@@ -19,11 +19,20 @@ class PredicateTerm(StrictModel):
     `join.udfs[name]`, called with aligned NumPy arrays of the two fields and
     `args` as keyword arguments."""
 
-    left: str = Field(pattern=r"^[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
-    right: str = Field(pattern=r"^[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
-    within: float | None = Field(default=None, ge=0)
-    udf: str | None = None
-    args: dict[str, Any] = Field(default_factory=dict)
+    left: str = Field(pattern=r"^[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$",
+                      description="one side of the term, as stream.field")
+    right: str = Field(pattern=r"^[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$",
+                       description="the other side, as stream.field of another stream")
+    within: float | None = Field(
+        default=None, ge=0,
+        description="a band term: the two fields match when abs(left - right) <= within (unset, and no udf: "
+                    "equality)")
+    udf: str | None = Field(
+        default=None,
+        description="a UDF term: the name under join.udfs of a function that returns the mask of matching pairs, "
+                    "given aligned NumPy arrays of the two fields")
+    args: dict[str, Any] = Field(default_factory=dict,
+                                 description="keyword arguments the UDF gets with every call")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "PredicateTerm":
@@ -51,7 +60,11 @@ class JoinSpec(StrictModel):
     mode: Literal["hash", "ring", "splitjoin"] = Field(
         default="hash", description="hash: partition groups by key; ring: PSP time slices; "
                                     "splitjoin: broadcast cores, results in input order")
-    allowed_lateness_ms: int = Field(default=2000, ge=0)
+    allowed_lateness_ms: int = Field(
+        default=2000, ge=0,
+        description="how far behind the newest event time a record may arrive and still join, in ms: the "
+                    "watermark is the newest event time (the least over streams) minus this, and a record older "
+                    "than the watermark is dead-lettered as late")
     idle_timeout_ms: int | None = Field(
         default=None, ge=0,
         description="an input (ring: source partition; hash: a group's stream) with no record for this long stops "

@@ -18,5 +18,8 @@ class OutputSpec(StrictModel):
     """Where and how results are written: one Kafka record per result (json, avro),
     or Arrow IPC blocks of many results for high-rate internal consumers."""
 
-    format: Literal["json", "avro", "blocks"] = "json"
+    format: Literal["json", "avro", "blocks"] = Field(
+        default="json",
+        description="json or avro: one Kafka record per result; blocks: Arrow IPC records of many results, for "
+                    "high-rate internal consumers")
     topic: str | None = Field(default=None, description="results topic (default <job>.results)")

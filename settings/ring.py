@@ -15,7 +15,8 @@ class RingSpec(StrictModel):
 
     nodes: int | Literal["auto"] = Field(
         default="auto", description="ring size N at start; auto = the cost model's latency-minimising N")
-    max_nodes: int = Field(default=8, ge=1, le=64)
+    max_nodes: int = Field(default=8, ge=1, le=64,
+                           description="the largest ring: the bound of nodes: auto's search and of `ring add`")
     max_rounds_in_flight: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
         default="auto",
         description="rounds in the ring at once: 1 = PSP (one round at a time), more = PSP-I interleaving; auto = "

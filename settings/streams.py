@@ -16,8 +16,14 @@ HASH_KEY_TYPES = ("int", "str", "bool")
 class WindowSpec(StrictModel):
     """Exactly one of `range_ms` (time-based RANGE) or `rows` (count-based ROWS, per key)."""
 
-    range_ms: int | None = Field(default=None, gt=0)
-    rows: int | None = Field(default=None, gt=0)
+    range_ms: int | None = Field(
+        default=None, gt=0,
+        description="a time (RANGE) window, in ms: a tuple is in its window at time T while T - its event time "
+                    "< range_ms")
+    rows: int | None = Field(
+        default=None, gt=0,
+        description="a count (ROWS) window, per key: a tuple is in its window while fewer than this many newer "
+                    "tuples of its stream share its key")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "WindowSpec":
@@ -42,13 +48,22 @@ def _fits(field_type: FieldType, value: object) -> bool:
 
 
 class StreamSpec(StrictModel):
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    topic: str | None = None
-    format: Literal["json", "avro", "blocks"] = "json"
-    fields: dict[str, FieldType]
-    time_field: str
+    name: str = Field(
+        pattern=r"^[a-z][a-z0-9_]*$",
+        description="the stream's name, as predicates, result records and workload.rate_factors call it")
+    topic: str | None = Field(default=None, description="the Kafka topic the stream is read from (default "
+                                                         "`<job>.<name>`)")
+    format: Literal["json", "avro", "blocks"] = Field(
+        default="json",
+        description="how its records are encoded: json or avro (one tuple per record), or blocks (Arrow IPC, many "
+                    "tuples per record)")
+    fields: dict[str, FieldType] = Field(
+        description="field name -> type (int, float, str, bool, bytes); a record with a field missing, null or "
+                    "of another type is dead-lettered as malformed")
+    time_field: str = Field(description="the int field that holds each tuple's event time, in epoch milliseconds")
     key_fields: list[str] = Field(default_factory=list, description="join key (hash mode needs one); Kafka record key")
-    window: WindowSpec
+    window: WindowSpec = Field(description="the stream's window: exactly one of range_ms (time) or rows (count, "
+                                           "per key)")
     where: dict[str, list[int | float | str | bool]] = Field(
         default_factory=dict,
         description="hash mode: a source filter, field -> allowed values (ANDed over fields); a tuple outside it "

@@ -52,10 +52,17 @@ class RoleTopics(StrictModel):
     """Settings for every topic of one role; None = the role's default (ROLE_DEFAULTS), else the
     cluster-wide `topics.replication_factor` / `topics.min_insync_replicas`, else the cluster's."""
 
-    replication_factor: int | None = Field(default=None, ge=1)
-    min_insync_replicas: int | None = Field(default=None, ge=1)
+    replication_factor: int | None = Field(
+        default=None, ge=1, description="this role's replication factor (unset: topics.replication_factor)")
+    min_insync_replicas: int | None = Field(
+        default=None, ge=1,
+        description="this role's min.insync.replicas (unset: topics.min_insync_replicas); below the replication "
+                    "factor, or one broker down blocks every write")
     retention_ms: int | None = Field(default=None, ge=KEEP_FOREVER, description="-1 = keep forever")
-    cleanup_policy: CleanupPolicy | None = None
+    cleanup_policy: CleanupPolicy | None = Field(
+        default=None,
+        description="this role's cleanup.policy (unset: the role's default); roles whose records share keys "
+                    "refuse compaction, roles recovery reads per key need it")
     extra: dict[str, TopicConfigValue] = Field(
         default_factory=dict, description="other topic configs (segment.ms, max.message.bytes, ...); `_` stands for `.`")
 
@@ -81,7 +88,7 @@ class RoleTopics(StrictModel):
         return v
 
 
-# Defaults per role, and why (docs/operations.md's table repeats these):
+# Defaults per role, and why (docs/operations/kafka.md's table repeats these):
 #   input       delete, cluster retention: the user's data; we only create missing input topics.
 #               `topics check` wants retention >= window + lateness (+ topics.outage_margin_ms).
 #   results     delete, cluster retention: what consumers read; never compacted (results share keys).
@@ -140,21 +147,56 @@ class TopicsSpec(StrictModel):
     retention does not cover window + lateness + this margin (default 1 day: a worker that died in
     the night is back in recovery the next day). Per role: see ROLE_DEFAULTS."""
 
-    replication_factor: int | None = Field(default=None, ge=1)
-    min_insync_replicas: int | None = Field(default=None, ge=1)
-    outage_margin_ms: int = Field(default=DAY_MS, ge=0)
-    input: RoleTopics = RoleTopics()
-    results: RoleTopics = RoleTopics()
-    commits: RoleTopics = RoleTopics()
-    changelog: RoleTopics = RoleTopics()
-    dead_letter: RoleTopics = RoleTopics()
-    control: RoleTopics = RoleTopics()
-    placement: RoleTopics = RoleTopics()
-    by_key: RoleTopics = RoleTopics()
-    ring_hop: RoleTopics = RoleTopics()
-    ring_log: RoleTopics = RoleTopics()
-    ring_epochs: RoleTopics = RoleTopics()
-    core_output: RoleTopics = RoleTopics()
+    replication_factor: int | None = Field(
+        default=None, ge=1,
+        description="the replication factor of every role that sets none (unset: the cluster's "
+                    "default.replication.factor)")
+    min_insync_replicas: int | None = Field(
+        default=None, ge=1,
+        description="min.insync.replicas of every role that sets none (unset: the cluster's)")
+    outage_margin_ms: int = Field(
+        default=DAY_MS, ge=0,
+        description="how long a worker may be down with its input unread: `topics check` warns when input or "
+                    "by-key retention does not cover the window plus the lateness plus this")
+    input: RoleTopics = Field(default=RoleTopics(),
+                              description="the stream topics the job reads (created only when missing)")
+    results: RoleTopics = Field(default=RoleTopics(),
+                                description="the results topic (output.topic, default `<job>.results`) and the query "
+                                            "service's sink topics")
+    commits: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.commits` (batch commits, watermarks, ring releases) and `<job>.merger` (the SplitJoin "
+                    "merger's checkpoints), which recovery reads")
+    changelog: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.changelog` (hash mode: each group's state writes) and `<job>.splitjoin.changelog` (each "
+                    "SplitJoin core's sub-window and checkpoints), which state is rebuilt from")
+    dead_letter: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.dead-letter`: records that did not join (late, malformed, oversize, ...), to inspect "
+                    "and replay")
+    control: RoleTopics = Field(default=RoleTopics(),
+                                description="`<job>.control`: heartbeats, assignments and operators' requests")
+    placement: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.placement` (the owner of every partition group, read back by a restarted coordinator) "
+                    "and `<job>.queries` (the query service's registry)")
+    by_key: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.<stream>.by-key` (hash mode): records re-routed to their join key's partition")
+    ring_hop: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.ring.<node>` (ring mode): the hop messages a ring node reads from its predecessor")
+    ring_log: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.ring-rounds` (ring mode): every round the head released, read back after a crash")
+    ring_epochs: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.ring-epochs` (ring mode): node starts, hand-overs to standbys and checkpoints")
+    core_output: RoleTopics = Field(
+        default=RoleTopics(),
+        description="`<job>.splitjoin.out` (splitjoin mode): the cores' results and punctuations, which the merger "
+                    "re-reads after a restart")
 
     def effective(self, role: TopicRole) -> RoleTopics:
         """`role`'s settings with every unset field filled: its own, else cluster-wide, else the role's default."""

@@ -26,7 +26,11 @@ class SpillSpec(StrictModel):
     by about one window, no disk read on the hot path). Deferred needs RANGE windows on every
     stream: a count window's membership depends on tuples of every generation."""
 
-    mode: Literal["probe", "deferred"] = "probe"
+    mode: Literal["probe", "deferred"] = Field(
+        default="probe",
+        description="probe: a pushed group's window is read back and probed when its next batch arrives (results "
+                    "on time); deferred: it becomes a generation on disk joined by a clean-up pass once the "
+                    "watermark passes it (results about a window late; RANGE windows and inner joins only)")
     victims: Literal["productivity", "lru", "most-productive"] = Field(
         default="productivity",
         description="productivity (the spill paper's 4.3): groups idle longer than inactive_ms first, then the "
@@ -56,20 +60,35 @@ class WorkerSpec(StrictModel):
                     "backlog large ones (fewer transactions per tuple)")
     max_batch_records: int = Field(default=200_000, gt=0,
                                    description="a batch starts as soon as this many records wait, whatever the interval")
-    state_dir: Path = Path("./state")
+    state_dir: Path = Field(
+        default=Path("./state"),
+        description="where a worker keeps its RocksDB window state (under <state_dir>/<worker-id>) and crash "
+                    "markers; a disk that survives restarts spares the worker a rebuild")
     memory_bytes: int = Field(
         default=2 << 30, gt=0, validation_alias=AliasChoices("memory_bytes", "hot_bytes"),
         description="the worker's memory budget for window state (bytes of the windows held in memory; "
-                    "worker.spill says what is pushed to disk past it); `hot_bytes` is its old name")
-    spill: SpillSpec = SpillSpec()
-    exactly_once: bool = True
+                    "worker.spill says what is pushed to disk past it)")
+    spill: SpillSpec = Field(
+        default=SpillSpec(),
+        description="what a worker pushes to disk (disk-based adaptation) once its window bytes in memory cross "
+                    "its budget, and how pushed windows are joined")
+    exactly_once: bool = Field(
+        default=True,
+        description="commit each batch's results, dead letters and input offsets in one Kafka transaction "
+                    "(exactly-once output); false is for brokers without transactions, and then nothing fences "
+                    "a dead worker's late writes")
     changelog: bool = Field(
         default=True,
         description="hash mode: mirror each group's state writes to <job>.changelog in the cycle's transaction, so "
                     "any worker rebuilds a group from it in time that grows with the window, not the job's age; "
                     "false: a worker without the group's disk replays every batch since the job began")
-    max_record_bytes: int = Field(default=1 << 20, gt=0)
-    heartbeat_ms: int = Field(default=1000, gt=0)
+    max_record_bytes: int = Field(
+        default=1 << 20, gt=0,
+        description="the largest input record a worker takes, in bytes; a larger one is dead-lettered as oversize")
+    heartbeat_ms: int = Field(
+        default=1000, gt=0,
+        description="how often a worker (hash worker, ring node, SplitJoin core or merger) reports on the "
+                    "control topic, in ms: the coordinator's view of who is alive and how loaded")
     stall_timeout_ms: int = Field(
         default=60_000, gt=0,
         description="a Kafka commit stuck this long ends the process; its supervisor restarts it into recovery",

@@ -70,8 +70,8 @@ def run_pyflink(job: JobSettings, tables: dict[str, pa.Table], workdir: Path, pa
                 timeout: float = 1800) -> dict:
     python = os.environ.get(PYTHON_ENV)
     if not python:
-        return {"ran": False, "why": f"{PYTHON_ENV} is not set: PyFlink needs its own venv (see docs/benchmarks.md, "
-                                     "equijoin)"}
+        return {"ran": False, "why": f"{PYTHON_ENV} is not set: PyFlink needs its own venv (see "
+                                     "docs/benchmarks/index.md)"}
     spec = _spec(job, tables, workdir / "pyflink", parallelism)
     spec_path = workdir / "pyflink" / "spec.json"
     spec_path.write_text(json.dumps(spec))

@@ -1,7 +1,7 @@
 """The adaptive placement policy, pure (no Kafka, no clock): what the coordinator would do at
 the end of one reorganisation epoch, and why.
 
-Two papers, one decision per epoch (docs/references.md):
+Two papers, one decision per epoch (docs/papers.md):
 
 - the cluster join paper's load balancing and degree of declustering
   (load_balance.py);

@@ -16,7 +16,7 @@ from streamjoin.settings import CoordinatorSpec
 Role = Literal["active", "standby"]
 LoadClass = Literal["supplier", "consumer", "neutral"]
 MoveReason = Literal["load", "scale-in", "memory"]
-# The rule each decision follows, as its `why` names it (docs/references.md cites the papers).
+# The rule each decision follows, as its `why` names it (docs/papers.md cites the papers).
 LOAD_RULE = "cluster join paper, section IV-C"
 DEGREE_RULE = "cluster join paper, section V-A"
 MEMORY_RULE = "spill paper, section 5.1"

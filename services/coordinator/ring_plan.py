@@ -82,8 +82,8 @@ def calibrate(job: JobSettings, cluster: kafka.Cluster | None, *, sample_rows: i
     terms = compile_terms(names, job.join.predicate, job.join.udfs)
     rates = tuple(float(job.workload.rate) for _ in job.streams)
     windows = tuple(_window_seconds(job, i, rates[i]) for i in range(len(names)))
-    samples = [workloads.sample(job, i, sample_rows, job.workload.seed) for i in range(len(names))]
-    rng = np.random.default_rng(job.workload.seed)
+    samples = [workloads.sample(job, i, sample_rows, job.workload.random_state) for i in range(len(names))]
+    rng = np.random.default_rng(job.workload.random_state)
     pair_sel = pair_selectivities(samples, terms, rng, step_budget_s)
     orders = _orders(job, cost_model.default_join_order(rates, windows, pair_sel))
     chains = [_chain(samples, a, orders[a], terms, rng, step_budget_s) for a in range(len(names))]
@@ -247,7 +247,7 @@ def _hop_latency(job: JobSettings, cluster: kafka.Cluster, payload: bytes) -> fl
     consumer = cluster.consumer(f"{job.consumer_group}-calibrate")
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        pauses = np.random.default_rng(job.workload.seed).uniform(0, HOP_JITTER_S, HOP_WARMUP + HOP_TRIPS)
+        pauses = np.random.default_rng(job.workload.random_state).uniform(0, HOP_JITTER_S, HOP_WARMUP + HOP_TRIPS)
         trips = [_trip(producer, consumer, topic, payload, pause) for pause in pauses]
         return statistics.median(trips[HOP_WARMUP:])
     finally:

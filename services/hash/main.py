@@ -255,7 +255,7 @@ class Worker(Pacing, Heartbeats):
         take records the consumer has fetched already, without waiting for more, into the next
         batch, a bounded call at a time so the waits stay short. Returns whether it took any.
 
-        Measured on a backlog drain (docs/benchmarks.md): consume() and intake were about 40% of
+        Measured on a backlog drain (docs/development/profiling.md): consume() and intake were about 40% of
         the main loop, and the cycle's waits on the broker left that much of a core idle."""
         room = min(self._room(), _READ_AHEAD_RECORDS)
         if not room:

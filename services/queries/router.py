@@ -14,7 +14,7 @@ wrote, where the cycle's records end (an offset of the router's group on the
 sink partition itself). A router that died inside a cycle (a crash, a commit
 that failed, the service stopping on its loop's error) left that cycle's sink
 records behind, and a broker may show them (Tansu shows aborted transactions
-to read_committed readers, docs/broker.md): so a restarted router first reads
+to read_committed readers, docs/operations/broker.md): so a restarted router first reads
 each sink past its mark (`recover`) and does not write again, once each, the
 results it finds there. On a broker that hides aborted records it finds none
 and writes them again. A switch between versions is exact because the two

@@ -6,7 +6,7 @@ The generator is a streaming Python data source, `streamjoin-workload`. Its
 offset is a wall-clock instant: micro-batch n covers the event times
 [start.ms, end.ms) and draws, per stream, `workloads.generate` there (a
 Poisson process: memorylessness makes the pieces one process). A batch's
-tuples come from a generator seeded by (workload seed, stream, batch number),
+tuples come from a generator seeded by (workload random_state, stream, batch number),
 so a replayed batch (after a restart from the checkpoint) is the same batch.
 The reader yields the generated columns, one column per (stream, field) and
 nulls in the other streams' columns. Then, by the stream's `format`:
@@ -148,7 +148,7 @@ class WorkloadReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Arrivals)
-        rng = np.random.default_rng([self.job.workload.seed, partition.stream, partition.batch])
+        rng = np.random.default_rng([self.job.workload.random_state, partition.stream, partition.batch])
         cols = generate(self.job, partition.stream, rng, partition.t0, partition.t1, self.rate)
         yield generated_batch(self.job, partition.stream, cols, self.arrow_schema)
 

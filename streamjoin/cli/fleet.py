@@ -116,7 +116,9 @@ def drain(worker_id: Annotated[str, typer.Argument(help="the worker to move ever
 def rebalance(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print what the adaptive policy would do now")] = False,
     job: JobOpt = None, bootstrap: BootstrapOpt = None,
-    seed: Annotated[Optional[int], typer.Option(help="seed of the random group choice (default: unseeded)")] = None,
+    random_state: Annotated[Optional[int],
+                            typer.Option(help="random state of the group choice, for a repeatable plan "
+                                              "(default: a fresh one)")] = None,
 ) -> None:
     """What the coordinator's adaptive policy would do now, and why (hash mode): each worker's
     occupancy, role, state bytes and spill, and the planned moves, scale change or active-disk
@@ -136,7 +138,7 @@ def rebalance(
         raise typer.Exit(2)
     from streamjoin.services.coordinator.rebalance import read_dry_run
 
-    print(json.dumps(read_dry_run(s, cluster_of(s), random.Random(seed)), indent=2))
+    print(json.dumps(read_dry_run(s, cluster_of(s), random.Random(random_state)), indent=2))
 
 
 def _ring_change(action: str, worker_id: str, job: Path | None, bootstrap: str | None) -> None:

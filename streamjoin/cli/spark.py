@@ -22,7 +22,9 @@ def _name_spark_log() -> None:
 
 
 def sources(job: JobOpt = None, bootstrap: BootstrapOpt = None,
-            seconds: Annotated[Optional[float], typer.Option(min=0.1)] = None,
+            seconds: Annotated[Optional[float],
+                               typer.Option(min=0.1, help="how long the sources write (default workload.seconds)")]
+            = None,
             rate: Annotated[Optional[float], typer.Option(min=0.1, help="tuples/s per stream")] = None) -> None:
     """Spark Structured Streaming job writing the job's workload (equijoin, band or images) into its input topics."""
     require_extra("spark")

@@ -1,4 +1,4 @@
-"""The nemesis: a job of any mode under a random fault schedule drawn from a seed, fed live
+"""The nemesis: a job of any mode under a random fault schedule (numbered), fed live
 with good, far-late and malformed records, checked exactly against the reference.
 
 This module owns what every mode shares: the schedule, the live feeder, the fault loop and
@@ -12,7 +12,7 @@ spare). A schedule is a list of faults at offsets into the run, drawn by
 The check: results exact against the reference (missing = extra = duplicate = 0), and
 every malformed or far-late record in the dead-letter topic exactly once, with its reason.
 The short seeded forms are tests/integration/test_nemesis.py; the long form
-`python -m tests.integration.nemesis --seeds N --minutes M --modes ...` prints a table of
+`python -m tests.integration.nemesis --schedules N --minutes M --modes ...` prints a table of
 schedules survived per mode.
 """
 
@@ -364,8 +364,8 @@ def table(rows: list[dict], modes: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--schedules", type=int, default=20)
+    parser.add_argument("--first-schedule", type=int, default=0)
     parser.add_argument("--minutes", type=float, default=0.5, help="each run's length")
     parser.add_argument("--faults", type=int, default=4)
     parser.add_argument("--modes", default=",".join(MODES))
@@ -381,7 +381,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="nemesis-") as tmp:
         for mode in modes:
-            for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for seed in range(args.first_schedule, args.first_schedule + args.schedules):
                 out = run_mode(mode, seed, args.minutes * 60, args.faults, (args.work or Path(tmp)) / f"{mode}-{seed}")
                 rows.append(out.row())
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

@@ -75,7 +75,7 @@ def wait_released(job: JobSettings, fleet: Fleet, watermark: int, timeout: float
 
 def result_order(job: JobSettings, bootstrap: str) -> list[tuple[tuple, tuple]]:
     """Each result on the (one-partition) results topic, in topic order, as (probing member's
-    place in the input order, partner's): the order docs/semantics.md promises is ascending."""
+    place in the input order, partner's): the order docs/modes/splitjoin.md promises is ascending."""
     records = kafka.read_partitions(kafka.Cluster(bootstrap), job.results_topic, {0: 0}, "check-order")
     decoded = decode_results(result_layout(job), job.output.format, [m.value() for m in records])
     assert not decoded.rejects, decoded.rejects[:3]

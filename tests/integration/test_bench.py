@@ -1,7 +1,7 @@
 """`streamjoin bench equijoin --quick`, as a user runs it: the harness end to
 end (our sweep and replay, Spark verify, every peer, the left-join figure
 beside Spark's left outer join, ratios, JSON, plot), so it cannot rot.
-Behaviour only: the figures themselves are for docs/benchmarks.md."""
+Behaviour only: the figures themselves are for docs/benchmarks/equijoin.md."""
 
 from __future__ import annotations
 

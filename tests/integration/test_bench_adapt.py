@@ -3,7 +3,7 @@ embedded broker fed by the paced producer; groups moved through the control
 topic, a worker SIGKILLed and failed over, a slowed worker and a rate ramp
 under fixed and adaptive placement; every job checked exact (the quick run
 uses the plain-Python reference join), ratios, JSON and both PNGs, so the
-harness cannot rot. Behaviour only: the figures are for docs/benchmarks.md."""
+harness cannot rot. Behaviour only: the figures are for docs/benchmarks/adapt.md."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 handshake/SplitJoin band join into fresh brokers, rings of 1 and 2 worker
 processes joining them with time and count windows, the exactness check,
 every peer, ratios, JSON and plot, so the harness cannot rot. Behaviour
-only: the figures themselves are for docs/benchmarks.md."""
+only: the figures themselves are for docs/benchmarks/band.md."""
 
 from __future__ import annotations
 

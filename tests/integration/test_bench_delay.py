@@ -1,6 +1,6 @@
 """`streamjoin bench delay --quick`, as a user runs it: a paced producer feeding 2 workers, then
 raw delivery at the same rate; the report's delay percentiles, load figures, ratios and plot, and
-the verdict of the reference join. Behaviour only: the figures are for docs/benchmarks.md."""
+the verdict of the reference join. Behaviour only: the figures are for docs/benchmarks/delay.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`streamjoin bench psp --quick` as a user runs it: rings of N = 1 and 2 on
 the 3-way image join, Spark verify on each, the cost model beside, so the
-harness cannot rot. Behaviour only: the figures are for docs/benchmarks.md."""
+harness cannot rot. Behaviour only: the figures are for docs/benchmarks/psp.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`streamjoin bench reuse --quick` as a user runs it: Spark `sources` writes the airline
 workload, 100 template queries are planned with reuse off, exact-only and relaxed, every
 operator runs in process, and each strategy's outputs are checked against the queries
-joined alone. Behaviour only: the figures are for docs/benchmarks.md."""
+joined alone. Behaviour only: the figures are for docs/benchmarks/reuse.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`streamjoin bench equijoin --scale 1,2 --quick`, as a user runs it: one backlog preloaded
 without Spark, drained by 1 and then 2 workers, read raw, checked against the reference join;
-the report's curve, CPU figures, ratios and plot. Behaviour only: the figures are for docs/benchmarks.md."""
+the report's curve, CPU figures, ratios and plot. Behaviour only: the figures are for docs/benchmarks/equijoin.md."""
 
 from __future__ import annotations
 

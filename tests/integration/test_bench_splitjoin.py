@@ -1,7 +1,7 @@
 """`streamjoin bench splitjoin --quick`, as a user runs it: SplitJoin with 1, 2 and 4
 cores on time and count windows, the precision knob, the PSP ring on the same
 backlogs, every run checked exact and ordered, ratios, JSON and plot, so the
-harness cannot rot. Behaviour only: the figures themselves are for docs/benchmarks.md."""
+harness cannot rot. Behaviour only: the figures themselves are for docs/benchmarks/splitjoin.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The nemesis's short seeded forms (tests/integration/nemesis.py), one per mode, on one
 broker: each runs a job fed live with far-late and malformed records under a fault schedule
 drawn from a seed, and checks it exact against the reference with every bad record
-dead-lettered once. NEMESIS_SEED picks another schedule for every mode; the long form
+dead-lettered once. NEMESIS_SCHEDULE picks another schedule for every mode; the long form
 (`python -m tests.integration.nemesis`) runs many.
 
 - hash mode, a left join on 3 workers: its seed (7) SIGKILLs a worker (back under its
@@ -44,7 +44,7 @@ def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded
 
 
 def seeded(default: int) -> int:
-    return int(os.environ.get("NEMESIS_SEED", str(default)))
+    return int(os.environ.get("NEMESIS_SCHEDULE", str(default)))
 
 
 def assert_survived(out: Outcome, least_results: int, faults: int) -> None:

@@ -8,7 +8,7 @@ by Spark `verify` (Spark SQL's own outer join of the inputs).
 * An input that goes idle: with join.idle_timeout_ms a silent stream stops holding the
   watermark, so the other stream's unmatched rows still reach their deadline and come out
   (once every input is silent, on the wall clock); without it they stay undecided (the
-  contrast docs/semantics.md states).
+  contrast docs/concepts/join-types.md states).
 
 The streams' key ranges only half overlap, so many rows never match and null-padded rows
 are really checked. Event times follow the wall clock, so a row's deadline (event time +

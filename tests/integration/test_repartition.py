@@ -7,8 +7,7 @@ the dead-letter topic with its reason, and nothing else is lost.
 
 Records are written as a live producer writes them, event time about wall
 time: a re-routed record reaches its group a cycle or two after the records
-that were in place, which the allowed lateness covers (see docs/semantics.md,
-"Co-partitioning")."""
+that were in place, which the allowed lateness covers (see docs/concepts/co-partitioning.md)."""
 
 from __future__ import annotations
 

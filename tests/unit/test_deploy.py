@@ -33,7 +33,7 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 COMPOSE = REPO / "docker" / "compose.yaml"
 PROM = REPO / "ops" / "prometheus"
 GRAFANA = REPO / "ops" / "grafana"
-RUNBOOK = REPO / "ops" / "runbook.md"
+RUNBOOK = REPO / "docs" / "operations" / "runbook.md"
 
 K8S_VERSION = "1.33.0"
 RELEASE = "sj"
@@ -772,7 +772,7 @@ def test_alerts_required_and_documented():
     sections = dict(re.findall(r"^## (\w+)\n(.*?)(?=^## |\Z)", runbook, flags=re.S | re.M))
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in {"warning", "critical"}
-        assert rule["annotations"]["runbook_url"] == f"ops/runbook.md#{name.lower()}"
+        assert rule["annotations"]["runbook_url"] == f"docs/operations/runbook.md#{name.lower()}"
         assert name in sections, f"runbook has no section for {name}"
         for part in ("**Meaning.**", "**How to look.**", "**What to do.**"):
             assert part in sections[name], f"{name} section lacks {part}"

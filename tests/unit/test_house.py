@@ -1,6 +1,6 @@
 """The house rules a reader relies on, checked over every module of the package (tests aside):
 small modules that say what they own, and names that say what a thing is, in code and in the
-CLI's help, rather than which paper or issue it came from (docs/references.md cites the papers)."""
+CLI's help, rather than which paper or issue it came from (docs/papers.md cites the papers)."""
 
 from __future__ import annotations
 

@@ -168,13 +168,13 @@ def test_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     assert "streamjoin/jobs/equijoin.yaml" in names
 
 
-# What only the Spark jobs and the benchmarks need: never a requirement of the services' install.
-EXTRA_ONLY = {"pyspark": "spark", "matplotlib": "spark", "psutil": "bench"}
+# What only the Spark jobs, the benchmarks and the docs site need: never a requirement of the services' install.
+EXTRA_ONLY = {"pyspark": "spark", "matplotlib": "spark", "psutil": "bench", "mkdocs": "docs", "mkdocs-material": "docs"}
 
 
 @pytest.mark.integration  # a wheel build: tens of seconds
 @pytest.mark.timeout(300)
-def test_wheel_requires_the_extras_only_for_spark_and_bench(tmp_path: Path) -> None:
+def test_wheel_requires_the_extras_only_for_spark_bench_and_docs(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path)
     metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     required = [line.removeprefix("Requires-Dist:").strip() for line in metadata.splitlines()

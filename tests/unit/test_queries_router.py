@@ -1,7 +1,7 @@
 """The compensation router (services/queries/router.py) against a fake broker: a router that
 dies inside a cycle, its sink records written and its transaction not committed, and the one
 that takes over. On Tansu the dead cycle's records stay visible (aborted transactions are
-shown to read_committed readers, docs/broker.md) while its offsets are dropped, so the new
+shown to read_committed readers, docs/operations/broker.md) while its offsets are dropped, so the new
 router routes those results again: each must land on the sink once. On a broker that hides
 aborted records they are gone, and must land once as well."""
 

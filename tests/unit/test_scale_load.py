@@ -28,7 +28,7 @@ runner = CliRunner()
 def equijoin_job(seed: int = 7, partitions: int = 12) -> JobSettings:
     job = load(default_job_file())
     return job.model_copy(update={"partitions": partitions,
-                                  "workload": job.workload.model_copy(update={"seed": seed, "domain": 1 << 14})})
+                                  "workload": job.workload.model_copy(update={"random_state": seed, "domain": 1 << 14})})
 
 
 def drawn(job: JobSettings) -> list[backlog.Chunk]:
