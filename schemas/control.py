@@ -11,6 +11,14 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 
+class HotKey(BaseModel):
+    """A join key a hash worker counted at or above coordinator.hot_key_cool_share of its input."""
+
+    group: int
+    key: str  # the key's canonical text (schemas/join_keys.py)
+    count: int  # tuples of it counted (a Misra-Gries estimate: never above the true count)
+
+
 class Heartbeat(BaseModel):
     type: Literal["heartbeat"] = "heartbeat"
     worker: str
@@ -51,6 +59,10 @@ class Heartbeat(BaseModel):
     results_total: int = 0
     pushes: int = 0
     group_results: dict[int, int] = Field(default_factory=dict)
+    # Hot keys (services/hash/hot_keys.py): input tuples counted over the current and the last
+    # reorganisation epoch, and the keys at or above coordinator.hot_key_cool_share of them.
+    keys_counted: int = 0
+    hot_keys: list[HotKey] = Field(default_factory=list)
 
 
 class RingLayout(BaseModel):

@@ -132,6 +132,12 @@ FENCED = Counter("streamjoin_fenced_workers", "Dead workers whose transactions t
                  "recovering the groups they held", registry=REGISTRY)
 WORKERS_ALIVE = Gauge("streamjoin_coordinator_workers_alive", "Workers with a recent heartbeat", registry=REGISTRY)
 GROUPS_PLACED = Gauge("streamjoin_coordinator_groups_placed", "Partition groups with an owner", registry=REGISTRY)
+HOT_KEYS = Gauge("streamjoin_coordinator_hot_keys", "Join keys the coordinator holds hot: at least "
+                 "coordinator.hot_key_share of the job's input, until they fall below hot_key_cool_share",
+                 registry=REGISTRY)
+HOT_KEY_SHARE = Gauge("streamjoin_coordinator_hot_key_share", "Each hot key's share of the job's input, by "
+                      "partition group and key (the series goes when the key cools)", ["group", "key"],
+                      registry=REGISTRY)
 PUSH_ORDERS = Counter("streamjoin_coordinator_push_orders_total", "Push orders sent to workers (active-disk, the "
                       "spill paper's section 6: the worker with the lowest output rate per group pushes state to disk)",
                       registry=REGISTRY)

@@ -88,9 +88,26 @@ class CoordinatorSpec(StrictModel):
         default=2.0, gt=1,
         description="active-disk: Max_rate / Min_rate of the workers' output rates per group above which the "
                     "slowest is told to push (the spill paper's section 6, theta_f; it gives no value)")
+    hot_key_share: float = Field(
+        default=0.1, gt=0, le=1,
+        description="hash mode: a join key that carries at least this share of the job's input (counted over "
+                    "the current and the last reorganisation epoch) is hot: logged, shown by `streamjoin "
+                    "status` and metered (streamjoin_coordinator_hot_keys)")
+    hot_key_min_tuples: int = Field(
+        default=10_000, ge=1,
+        description="a key is hot only once at least this many of its tuples were counted over the current and "
+                    "the last reorganisation epoch: a busy key of a quiet job needs no attention")
+    hot_key_cool_share: float = Field(
+        default=0.05, gt=0, le=1,
+        description="a hot key stays hot until its share falls below this (below hot_key_share, so that a key "
+                    "near the threshold does not flap)")
 
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> "CoordinatorSpec":
+        if self.hot_key_cool_share >= self.hot_key_share:
+            raise ValueError(f"coordinator.hot_key_cool_share ({self.hot_key_cool_share}) must be below "
+                             f"coordinator.hot_key_share ({self.hot_key_share}): a key cools below the share "
+                             "that made it hot")
         if self.consumer_occupancy >= self.supplier_occupancy:
             raise ValueError(f"coordinator.consumer_occupancy ({self.consumer_occupancy}) must be below "
                              f"coordinator.supplier_occupancy ({self.supplier_occupancy}): a worker cannot be "

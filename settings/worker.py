@@ -93,6 +93,11 @@ class WorkerSpec(StrictModel):
         default=60_000, gt=0,
         description="a Kafka commit stuck this long ends the process; its supervisor restarts it into recovery",
     )
+    hot_key_counters: int = Field(
+        default=64, ge=1,
+        description="hash mode: counters of each partition group's heavy-hitter summary (Misra-Gries): a key "
+                    "with more than 1 / (hot_key_counters + 1) of the group's input is always counted, and "
+                    "estimates are low by at most that share")
     metrics_port: int = Field(default=0, ge=0, description="0 = pick a free port")
     region: str = Field(default="local", description="the region this worker runs in (the StreamReuse paper's "
                                                    "network locality; Helm sets it from the node's topology zone)")

@@ -22,6 +22,7 @@ from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import placement as placing
 from streamjoin.services.coordinator.adapt import plan_epoch
 from streamjoin.services.coordinator.epoch import History, Plan
+from streamjoin.services.coordinator.hot_keys import HotKeys
 from streamjoin.services.coordinator.moves import Finished, Moves
 from streamjoin.services.coordinator.rebalance import observe
 from streamjoin.services.coordinator.ring import RingCoordination
@@ -51,6 +52,7 @@ class Coordinator:
         self.health = metrics.HealthState()
         self.stop_flag = StopFlag()
         self.ring = RingCoordination(job, self.cluster, self.out) if job.join.mode == "ring" else None
+        self.hot_keys = HotKeys(job.coordinator)  # hash mode: the keys that carry much of the input
 
     def run(self) -> None:
         """Serve until SIGTERM/SIGINT (services/shutdown.py), then close the clients."""
@@ -134,6 +136,7 @@ class Coordinator:
         if self.ring is not None:  # ring mode places no partition groups: the head reads them all
             self.ring.on_heartbeat(beat, self.alive())
             return
+        self.hot_keys.on_heartbeat(beat, self.alive())
         if self.moves is None and len(self.alive()) >= self.job.coordinator.expected_workers:
             placement = placing.round_robin(self.alive(), self.job.partitions)
             placing.store(self.job, self.out, placement, control.FIRST_EPOCH)

@@ -1,7 +1,8 @@
 """`streamjoin status`: the placement, the group moves in flight and each worker's latest
 heartbeat (its role, epoch, backlog, and spill: window bytes in memory against its budget,
 bytes on disk, generations and the clean-up backlog); for a ring job, whether the ring failed
-(a node restarted, a stale epoch, a failed delivery) and why."""
+(a node restarted, a stale epoch, a failed delivery) and why; and the hot keys: those the alive
+workers' latest heartbeats show at or above coordinator.hot_key_share of the input."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from confluent_kafka import TopicPartition
 from streamjoin.schemas import control
 from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import placement as placing
+from streamjoin.services.coordinator.hot_keys import shares
 from streamjoin.settings import JobSettings
 
 
@@ -66,7 +68,13 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
             "ring_failed": b.ring_failed if b else None,
             "ring_recovery": b.ring_recovery if b else None,
         })
+    alive = {r["worker"]: beats[r["worker"]] for r in rows if r["alive"]}
+    spec = job.coordinator
+    hot = [{"group": g, "key": k, "share": round(v.share, 4), "tuples": v.count, "worker": v.worker}
+           for (g, k), v in shares(alive).items()
+           if v.share >= spec.hot_key_share and v.count >= spec.hot_key_min_tuples]
     failed = sorted({b.ring_failed for b in beats.values() if b.ring_failed})
     epochs = [b.ring_recovery["epoch"] for b in beats.values() if "epoch" in b.ring_recovery]
     return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "moving": moving, "workers": rows,
+            "hot_keys": sorted(hot, key=lambda h: -h["share"]),
             "ring_failed": ", ".join(failed), "ring_epoch": int(max(epochs)) if epochs else None}

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from streamjoin.schemas import control
 from streamjoin.services import metrics
 from streamjoin.services.hash.backlog import RecordSize, backlog_bytes
+from streamjoin.services.hash.hot_keys import KeyCounter
 from streamjoin.services.io.intake import RecordBuffer
 from streamjoin.settings import JobSettings
 from streamjoin.state.windowed import WindowedStore
@@ -36,14 +37,18 @@ class Heartbeats:
     results_total: int
     metrics_url: str
     epoch: int
+    key_counter: KeyCounter
 
     def _heartbeat(self) -> None:
         hot = self.store.hot_groups()
         behind = self._records_behind()
         lag = behind + sum(len(b) for b in self.pending.values())
         metrics.LAG.set(lag)
+        now_ms = int(time.time() * 1000)
+        counted, hot_keys = self.key_counter.report(self.groups, now_ms)
         beat = control.Heartbeat(
-            worker=self.worker_id, wall_ms=int(time.time() * 1000), groups=sorted(self.groups), lag=lag,
+            worker=self.worker_id, wall_ms=now_ms, groups=sorted(self.groups), lag=lag,
+            keys_counted=counted, hot_keys=hot_keys,
             state_bytes=sum(s.window.nbytes for s in hot.values()),
             state_tuples=sum(s.window.tuples for s in hot.values()), metrics_url=self.metrics_url,
             backlog_bytes=backlog_bytes(self.pending, behind, self.record_size),

@@ -25,6 +25,7 @@ from streamjoin.services.hash.backlog import RecordSize
 from streamjoin.services.hash.cycle import Cycle
 from streamjoin.services.hash.emit import Emitter
 from streamjoin.services.hash.heartbeat import Heartbeats
+from streamjoin.services.hash.hot_keys import KeyCounter
 from streamjoin.services.hash.pacing import Pacing
 from streamjoin.services.hash.processor import GroupBatch, join_plan, unmatched_delays_ms
 from streamjoin.services.hash.recovery import recover_groups
@@ -64,6 +65,7 @@ class Worker(Pacing, Heartbeats):
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control", **kafka.CONTROL)
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
+        self.key_counter = KeyCounter(job)  # hot keys (hot_keys.py), reported in heartbeats
         self.paused: set[tuple[str, int]] = set()  # input partitions paused by event-time alignment
         self.peak_tuples = 0  # the most window tuples held in memory at once since start
         self.fenced: dict[str, int] = {}  # dead worker whose transactions this one fenced -> at which epoch
@@ -215,6 +217,7 @@ class Worker(Pacing, Heartbeats):
                 self.store.forget(g)
                 self.heard.pop(g, None)
                 self.idle_seen.pop(g, None)
+                self.key_counter.forget(g)
         if added:
             self.skip_dead.update(self._recover_until_done(added))
             assigned = self._partitions(added, from_checkpoint=True)
@@ -399,6 +402,7 @@ class Worker(Pacing, Heartbeats):
             metrics.STATE_BYTES.labels(str(b.group)).set(b.state.window.nbytes)
             metrics.STATE_TUPLES.labels(str(b.group)).set(b.state.window.tuples)
             self.store.observe(b.group, b.now_ms, sum(len(block) for block in b.appended), len(b.results))
+            self.key_counter.observe(b.group, b.appended, b.now_ms)
             self.results_total += len(b.results)
             if b.unmatched:
                 metrics.UNMATCHED.inc(b.unmatched)

@@ -22,7 +22,7 @@ WaitOpt = Annotated[float, typer.Option("--wait", help="seconds to wait for it t
 
 def status(job: JobOpt = None, bootstrap: BootstrapOpt = None, as_json: JsonOpt = False) -> None:
     """Workers, their partition groups, lag, window state size and spill (memory against the
-    budget, bytes on disk, generations, clean-up backlog)."""
+    budget, bytes on disk, generations, clean-up backlog), and the hot keys."""
     from streamjoin.services.coordinator.status import snapshot
 
     s = job_settings(job, bootstrap=bootstrap)
@@ -44,6 +44,9 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None, as_json: JsonOpt 
     Console().print(table)
     for m in snap["moving"]:
         Console().print(f"group {m['group']}: moving from {m['from']} to {m['to']}")
+    for h in snap["hot_keys"]:
+        Console().print(f"hot key {h['key']!r} (group {h['group']}, on {h['worker']}): "
+                        f"{h['share']:.0%} of the input")
     if snap["ring_failed"]:
         Console().print(f"[red]ring failed ({snap['ring_failed']}): it produces no more results; "
                         "restart the job on fresh topics[/red]")
