@@ -146,6 +146,37 @@ def reference_outer_join(
     return out
 
 
+# ------------------------------------------------------------- as-of joins (stream to table)
+
+@dataclass(frozen=True)
+class RefVersion:
+    """A table version: its identity, key, event time, and whether it is a tombstone."""
+
+    ref: TupleRef
+    key: Hashable
+    ts: int
+    deleted: bool = False
+
+
+def reference_asof_join(stream: Sequence[RefTuple], versions: Sequence[RefVersion], join_type: str,
+                        table_topic: str, final_table_watermark: int) -> set[tuple[TupleRef, TupleRef]]:
+    """The as-of join's contract: each stream tuple whose time is below the table's final
+    watermark (the others still wait), with the version of its key with the greatest
+    (ts, offset) at or before its time. No such version, or a tombstone: no result for
+    `inner`, the tuple with (table_topic, ABSENT_REF, ABSENT_REF) for `left`."""
+    out: set[tuple[TupleRef, TupleRef]] = set()
+    for t in stream:
+        if t.ts >= final_table_watermark:
+            continue
+        best = max((v for v in versions if v.key == t.key and v.ts <= t.ts), key=lambda v: (v.ts, v.ref[2]),
+                   default=None)
+        if best is not None and not best.deleted:
+            out.add((t.ref, best.ref))
+        elif join_type == "left":
+            out.add((t.ref, _absent((table_topic, 0, 0))))
+    return out
+
+
 # ------------------------------------------------------------- ring mode (theta)
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
             "spilled_groups": b.spilled_groups if b else [],
             "generations": b.generations if b else None,
             "cleanup_backlog_bytes": b.cleanup_backlog_bytes if b else None,
+            "keys_counted": b.keys_counted if b else None,  # hot keys: tuples counted, two epochs
             "ring_failed": b.ring_failed if b else None,
             "ring_recovery": b.ring_recovery if b else None,
         })

@@ -36,8 +36,12 @@ def test_a_key_carrying_forty_percent_of_the_input_is_found_hot(broker, fleet_fo
     produce(job, broker.bootstrap, rows)
     cluster = kafka.Cluster(broker.bootstrap)
 
-    snap = wait_until("status shows a hot key", lambda: (s := snapshot(job, cluster))["hot_keys"] and s,
-                      timeout=60, fleet=fleet)
+    def settled() -> dict | None:
+        # Shares are of what the workers' latest heartbeats counted: judge them once both count it all.
+        s = snapshot(job, cluster)
+        return s if sum(w["keys_counted"] or 0 for w in s["workers"]) == len(rows) else None
+
+    snap = wait_until("both workers counted every tuple", settled, timeout=90, fleet=fleet)
     (hot,) = snap["hot_keys"]
     group = partition_for(key_bytes(HOT), job.partitions)
     owner = next(w["worker"] for w in snap["workers"] if group in w["held_groups"])

@@ -34,8 +34,7 @@ import pytest
 from streamjoin.settings import load
 from tests.integration.kafka_harness import read_all
 
-# `streamjoin verify` in the tutorial starts a Spark JVM: the spark tier, like test_demo.py.
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = pytest.mark.integration
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "getting-started" / "tutorial.md"
 MAX_NOT_RUN = 1

@@ -1,0 +1,166 @@
+"""As-of (temporal) join of a stream with a versioned table, for one partition group.
+
+A table is a stream of versions: each record is the row of its key as of its event time, a
+tombstone (`DELETED`) removes the key. A stream tuple with key k at time t joins the version
+of k with the greatest (time, offset) whose time is <= t; none, or a tombstone: no result for
+`inner`, the tuple alone, null-padded, for `left`.
+
+Results are final when written, never retracted: a stream tuple waits until the table's
+watermark has passed its time (watermark > t), because a version still to come is never
+older than the watermark (a later one is dead-lettered as late, like any late record). The
+watermarks are each side's newest event time minus its allowed lateness; a stream tuple older
+than the stream's watermark is late too.
+
+State is bounded by keys times recent versions, not by the table's history: of a key's
+versions at or below the horizon (the stream's watermark, or the oldest waiting tuple if
+older) only the newest can still be the valid one for a future tuple, so the others go.
+
+Everything moves as blocks; the probe is one sort of the versions and the released tuples
+together (`valid_versions`), no per-tuple Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, concat
+from streamjoin.engine.lateness import NO_TIME
+from streamjoin.engine.outer import NEWEST_ARRIVAL, padded
+from streamjoin.engine.result_ids import result_head
+from streamjoin.engine.window_join import StreamPlan
+
+DELETED = "_deleted"  # bool column of a table block: the version is a tombstone
+NO_VERSION = -1  # `valid_versions`: the tuple has no version at or before its time
+
+
+@dataclass(frozen=True)
+class AsOfPlan:
+    stream: StreamPlan  # the probing stream: its name, topic and payload
+    table: StreamPlan  # the versioned table
+    stream_lateness_ms: int
+    table_lateness_ms: int
+    join_type: Literal["inner", "left"] = "inner"
+
+
+@dataclass
+class AsOfState:
+    """One group's as-of state: the versions a future tuple can still need, sorted by
+    (KEY, TS, OFF), and the stream tuples waiting for the table's watermark, sorted by
+    (TS, PART, OFF); each side's newest event time so far."""
+
+    versions: Block
+    waiting: Block
+    stream_max_ts: int = NO_TIME
+    table_max_ts: int = NO_TIME
+
+    def watermarks(self, plan: AsOfPlan) -> tuple[int, int]:
+        """(the stream's, the table's) watermark."""
+        return (_watermark(self.stream_max_ts, plan.stream_lateness_ms),
+                _watermark(self.table_max_ts, plan.table_lateness_ms))
+
+
+@dataclass
+class AsOfOutcome:
+    results: Block
+    late_stream: Block  # stream tuples older than the stream's watermark: dead letters
+    late_table: Block  # versions older than the table's watermark: dead letters
+    accepted: list[Block] = field(default_factory=list)  # [stream tuples, versions] taken in
+
+
+def empty_state(stream_template: Block, table_template: Block) -> AsOfState:
+    """A group's state before its first batch; the templates are empty blocks of each side's
+    columns (the table's with `DELETED`)."""
+    return AsOfState(table_template, stream_template)
+
+
+def process_asof_batch(plan: AsOfPlan, state: AsOfState, stream: Block, table: Block, now_ms: int) -> AsOfOutcome:
+    """Take one batch of stream tuples and table versions into `state` (mutated), and return
+    the results of every waiting tuple the table's watermark has now passed."""
+    stream_wm, table_wm = state.watermarks(plan)
+    late_stream, late_table = stream[TS] < stream_wm, table[TS] < table_wm
+    taken, versions = stream.filter(~late_stream), table.filter(~late_table)
+    if len(versions):
+        state.versions = _sorted(concat([state.versions, versions]), (OFF, TS, KEY))
+        state.table_max_ts = max(state.table_max_ts, int(versions[TS].max()))
+    if len(taken):
+        state.waiting = _sorted(concat([state.waiting, taken]), (OFF, PART, TS))
+        state.stream_max_ts = max(state.stream_max_ts, int(taken[TS].max()))
+    stream_wm, table_wm = state.watermarks(plan)
+    ready = state.waiting[TS] < table_wm
+    released, state.waiting = state.waiting.filter(ready), state.waiting.filter(~ready)
+    results = _results(plan, state.versions, released, now_ms)
+    horizon = min(stream_wm, int(state.waiting[TS][0])) if len(state.waiting) else stream_wm
+    state.versions = prune(state.versions, horizon)
+    return AsOfOutcome(results, stream.filter(late_stream), table.filter(late_table), [taken, versions])
+
+
+def valid_versions(versions: Block, probes: Block) -> np.ndarray:
+    """For each probe tuple, the index in `versions` (sorted by KEY, TS, OFF) of the version of
+    its key with the greatest (TS, OFF) at or before its TS, or NO_VERSION.
+
+    One lexsort of both together: versions sort before probes of the same key and time, and
+    each probe takes the last version seen since its key's run began."""
+    n_versions, n = len(versions), len(versions) + len(probes)
+    keys = np.concatenate([versions[KEY], probes[KEY]])
+    times = np.concatenate([versions[TS], probes[TS]])
+    kind = np.r_[np.zeros(n_versions, np.int8), np.ones(len(probes), np.int8)]
+    order = np.lexsort((kind, times, keys))  # stable: versions keep their (KEY, TS, OFF) order
+    sorted_keys = keys[order]
+    run_start = np.maximum.accumulate(np.where(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]], np.arange(n), 0))
+    seen = np.maximum.accumulate(np.where(order < n_versions, np.arange(n), -1))
+    found = np.where(seen >= run_start, order[np.maximum(seen, 0)], NO_VERSION)
+    out = np.empty(len(probes), np.int64)
+    is_probe = order >= n_versions
+    out[order[is_probe] - n_versions] = found[is_probe]
+    return out
+
+
+def prune(versions: Block, horizon: int) -> Block:
+    """The versions a tuple at `horizon` or later can still need: every version newer than the
+    horizon, and of each key the newest at or below it unless it is a tombstone."""
+    if not len(versions):
+        return versions
+    keys, ts = versions[KEY], versions[TS]
+    old = ts <= horizon
+    last_of_key = np.r_[keys[1:] != keys[:-1], True]
+    # The newest old version of a key: old, and the next row is another key or not old.
+    newest_old = old & (last_of_key | ~np.r_[old[1:], False])
+    keep = ~old | (newest_old & ~versions[DELETED])
+    return versions if keep.all() else versions.filter(keep)
+
+
+def _results(plan: AsOfPlan, versions: Block, released: Block, now_ms: int) -> Block:
+    at = valid_versions(versions, released)
+    hit = at != NO_VERSION
+    hit[hit] = ~versions[DELETED][at[hit]]
+    joined = _joined(plan, released.filter(hit), versions.take(at[hit]), now_ms)
+    if plan.join_type == "inner":
+        return joined
+    alone = padded((plan.stream.name, plan.table.name), (plan.stream.topic, plan.table.topic),
+                   [released.take(np.empty(0, np.int64)), versions.take(np.empty(0, np.int64))],
+                   [plan.stream.payload, plan.table.payload], 0, released.filter(~hit), now_ms)
+    return concat([joined, alone])
+
+
+def _joined(plan: AsOfPlan, tuples: Block, versions: Block, now_ms: int) -> Block:
+    """Result rows of `tuples` each with its version (row for row), in `assemble`'s column order."""
+    cols: dict[str, np.ndarray] = {}
+    for side, rows in ((plan.stream, tuples), (plan.table, versions)):
+        cols |= {f"{side.name}.partition": rows[PART], f"{side.name}.offset": rows[OFF], f"{side.name}.ts": rows[TS]}
+        cols |= {f"{side.name}.{f}": rows[f] for f in side.payload}
+    cols[NEWEST_ARRIVAL] = np.asarray(tuples[ARR], np.int64)  # the tuple's arrival: it is what waits
+    head = result_head([plan.stream.topic, plan.table.topic], [tuples[PART], versions[PART]],
+                       [tuples[OFF], versions[OFF]], tuples[TS], now_ms)
+    return Block(head | cols)
+
+
+def _sorted(block: Block, by: tuple[str, str, str]) -> Block:
+    return block.take(np.lexsort(tuple(block[c] for c in by)))
+
+
+def _watermark(max_ts: int, lateness_ms: int) -> int:
+    return max_ts - lateness_ms if max_ts > NO_TIME else NO_TIME
+
