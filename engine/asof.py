@@ -15,7 +15,8 @@ State is bounded by keys times recent versions, not by the table's history: of a
 versions at or below the horizon (the stream's watermark, or the oldest waiting tuple if
 older) only the newest can still be the valid one for a future tuple, so the others go.
 
-Everything moves as blocks; the probe is one sort of the versions and the released tuples
+Keys are compared by the KEY column: an int key's value, or the 64-bit hash of a string key's
+text. Everything moves as blocks; the probe is one sort of the versions and the released tuples
 together (`valid_versions`), no per-tuple Python.
 """
 
@@ -26,11 +27,10 @@ from typing import Literal
 
 import numpy as np
 
-from streamjoin.engine.block import ARR, KEY, OFF, PART, TS, Block, concat
+from streamjoin.engine.block import KEY, OFF, PART, TS, Block, concat
 from streamjoin.engine.lateness import NO_TIME
-from streamjoin.engine.outer import NEWEST_ARRIVAL, padded
-from streamjoin.engine.result_ids import result_head
-from streamjoin.engine.window_join import StreamPlan
+from streamjoin.engine.outer import padded
+from streamjoin.engine.window_join import JoinPlan, StreamPlan, assemble
 
 DELETED = "_deleted"  # bool column of a table block: the version is a tombstone
 NO_VERSION = -1  # `valid_versions`: the tuple has no version at or before its time
@@ -136,25 +136,17 @@ def _results(plan: AsOfPlan, versions: Block, released: Block, now_ms: int) -> B
     at = valid_versions(versions, released)
     hit = at != NO_VERSION
     hit[hit] = ~versions[DELETED][at[hit]]
-    joined = _joined(plan, released.filter(hit), versions.take(at[hit]), now_ms)
+    # A tuple and its version are a combination like any other: the equi-join's assembly writes it.
+    pair = JoinPlan((plan.stream, plan.table), plan.stream_lateness_ms, exact_keys=True)
+    found = released.filter(hit)
+    joined = assemble(pair, [found, versions.take(at[hit])], {0: np.arange(len(found)), 1: np.arange(len(found))},
+                      now_ms)
     if plan.join_type == "inner":
         return joined
     alone = padded((plan.stream.name, plan.table.name), (plan.stream.topic, plan.table.topic),
                    [released.take(np.empty(0, np.int64)), versions.take(np.empty(0, np.int64))],
                    [plan.stream.payload, plan.table.payload], 0, released.filter(~hit), now_ms)
     return concat([joined, alone])
-
-
-def _joined(plan: AsOfPlan, tuples: Block, versions: Block, now_ms: int) -> Block:
-    """Result rows of `tuples` each with its version (row for row), in `assemble`'s column order."""
-    cols: dict[str, np.ndarray] = {}
-    for side, rows in ((plan.stream, tuples), (plan.table, versions)):
-        cols |= {f"{side.name}.partition": rows[PART], f"{side.name}.offset": rows[OFF], f"{side.name}.ts": rows[TS]}
-        cols |= {f"{side.name}.{f}": rows[f] for f in side.payload}
-    cols[NEWEST_ARRIVAL] = np.asarray(tuples[ARR], np.int64)  # the tuple's arrival: it is what waits
-    head = result_head([plan.stream.topic, plan.table.topic], [tuples[PART], versions[PART]],
-                       [tuples[OFF], versions[OFF]], tuples[TS], now_ms)
-    return Block(head | cols)
 
 
 def _sorted(block: Block, by: tuple[str, str, str]) -> Block:

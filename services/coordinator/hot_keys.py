@@ -49,6 +49,11 @@ def shares(beats: dict[str, Heartbeat]) -> dict[Key, Share]:
     return out
 
 
+def turns_hot(seen: Share, spec: CoordinatorSpec) -> bool:
+    """Whether a key not hot yet is hot now: its share and its count both reach the thresholds."""
+    return seen.share >= spec.hot_key_share and seen.count >= spec.hot_key_min_tuples
+
+
 @dataclass
 class HotKeys:
     """The coordinator's hot keys (see the module docstring)."""
@@ -63,8 +68,7 @@ class HotKeys:
         self.latest = {w: b for w, b in self.latest.items() if w in alive or w == beat.worker}
         now = shares(self.latest)
         for key, seen in sorted(now.items()):
-            if key not in self.hot and seen.share >= self.spec.hot_key_share \
-                    and seen.count >= self.spec.hot_key_min_tuples:
+            if key not in self.hot and turns_hot(seen, self.spec):
                 log.info("hot key", group=key[0], key=key[1], share=round(seen.share, 3), tuples=seen.count,
                          worker=seen.worker)
                 self.hot[key] = seen

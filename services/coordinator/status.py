@@ -13,7 +13,7 @@ from confluent_kafka import TopicPartition
 from streamjoin.schemas import control
 from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import placement as placing
-from streamjoin.services.coordinator.hot_keys import shares
+from streamjoin.services.coordinator.hot_keys import shares, turns_hot
 from streamjoin.settings import JobSettings
 
 
@@ -70,10 +70,8 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
             "ring_recovery": b.ring_recovery if b else None,
         })
     alive = {r["worker"]: beats[r["worker"]] for r in rows if r["alive"]}
-    spec = job.coordinator
     hot = [{"group": g, "key": k, "share": round(v.share, 4), "tuples": v.count, "worker": v.worker}
-           for (g, k), v in shares(alive).items()
-           if v.share >= spec.hot_key_share and v.count >= spec.hot_key_min_tuples]
+           for (g, k), v in shares(alive).items() if turns_hot(v, job.coordinator)]
     failed = sorted({b.ring_failed for b in beats.values() if b.ring_failed})
     epochs = [b.ring_recovery["epoch"] for b in beats.values() if "epoch" in b.ring_recovery]
     return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "moving": moving, "workers": rows,
