@@ -12,8 +12,8 @@ watermarks are each side's newest event time minus its allowed lateness; a strea
 than the stream's watermark is late too.
 
 State is bounded by keys times recent versions, not by the table's history: of a key's
-versions at or below the horizon (the stream's watermark, or the oldest waiting tuple if
-older) only the newest can still be the valid one for a future tuple, so the others go.
+versions older than the horizon (the lower watermark, or the oldest waiting tuple if older)
+only the newest can still be the valid one for a future tuple, so the others go.
 
 Keys are compared by the KEY column: an int key's value, or the 64-bit hash of a string key's
 text. Everything moves as blocks; the probe is one sort of the versions and the released tuples
@@ -30,7 +30,8 @@ import numpy as np
 from streamjoin.engine.block import KEY, OFF, PART, TS, Block, concat
 from streamjoin.engine.lateness import NO_TIME
 from streamjoin.engine.outer import padded
-from streamjoin.engine.window_join import JoinPlan, StreamPlan, assemble
+from streamjoin.engine.result_ids import ABSENT
+from streamjoin.engine.window_join import BatchOutcome, JoinPlan, StreamPlan, assemble
 
 DELETED = "_deleted"  # bool column of a table block: the version is a tombstone
 NO_VERSION = -1  # `valid_versions`: the tuple has no version at or before its time
@@ -60,6 +61,13 @@ class AsOfState:
         """(the stream's, the table's) watermark."""
         return (_watermark(self.stream_max_ts, plan.stream_lateness_ms),
                 _watermark(self.table_max_ts, plan.table_lateness_ms))
+
+    def horizon(self, plan: AsOfPlan) -> int:
+        """No tuple still to be joined is older than this, and no version still to come is: the
+        least of the two watermarks and the oldest waiting tuple. Of the versions older than it,
+        only each key's newest can still be anyone's valid version (`prune`)."""
+        lowest = min(self.watermarks(plan))
+        return min(lowest, int(self.waiting[TS][0])) if len(self.waiting) else lowest
 
 
 @dataclass
@@ -92,8 +100,7 @@ def process_asof_batch(plan: AsOfPlan, state: AsOfState, stream: Block, table: B
     ready = state.waiting[TS] < table_wm
     released, state.waiting = state.waiting.filter(ready), state.waiting.filter(~ready)
     results = _results(plan, state.versions, released, now_ms)
-    horizon = min(stream_wm, int(state.waiting[TS][0])) if len(state.waiting) else stream_wm
-    state.versions = prune(state.versions, horizon)
+    state.versions = prune(state.versions, state.horizon(plan))
     return AsOfOutcome(results, stream.filter(late_stream), table.filter(late_table), [taken, versions])
 
 
@@ -118,17 +125,23 @@ def valid_versions(versions: Block, probes: Block) -> np.ndarray:
     return out
 
 
-def prune(versions: Block, horizon: int) -> Block:
-    """The versions a tuple at `horizon` or later can still need: every version newer than the
-    horizon, and of each key the newest at or below it unless it is a tombstone."""
+def prune(versions: Block, horizon: int, drop_tombstones: bool = False) -> Block:
+    """The versions a tuple at `horizon` or later can still need: every version not older than
+    the horizon, and of each key the newest older one.
+
+    That newest one may be a tombstone: it is kept (a key's row stays deleted) unless
+    `drop_tombstones`, which the caller may ask for only when no older version of the key
+    can come back (the state layer, when it rewrites a group's versions whole). A version
+    still to come is never older than the horizon (it would be late), so it can never turn
+    an older one valid again."""
     if not len(versions):
         return versions
     keys, ts = versions[KEY], versions[TS]
-    old = ts <= horizon
+    old = ts < horizon
     last_of_key = np.r_[keys[1:] != keys[:-1], True]
     # The newest old version of a key: old, and the next row is another key or not old.
     newest_old = old & (last_of_key | ~np.r_[old[1:], False])
-    keep = ~old | (newest_old & ~versions[DELETED])
+    keep = ~old | (newest_old & ~versions[DELETED]) if drop_tombstones else ~old | newest_old
     return versions if keep.all() else versions.filter(keep)
 
 
@@ -156,3 +169,60 @@ def _sorted(block: Block, by: tuple[str, str, str]) -> Block:
 def _watermark(max_ts: int, lateness_ms: int) -> int:
     return max_ts - lateness_ms if max_ts > NO_TIME else NO_TIME
 
+
+
+@dataclass
+class AsOfWindow:
+    """A group's as-of state as the hash worker holds any group's window: its clocks and sizes
+    in the job's stream order (`table` is the table's index), and no rows waiting for a
+    deadline (`matched` is empty: a left join decides a tuple when it is released)."""
+
+    plan: AsOfPlan
+    state: AsOfState
+    table: int
+    matched: dict = field(default_factory=dict)
+
+    @property
+    def max_ts(self) -> list[int]:
+        pair = [self.state.stream_max_ts, self.state.table_max_ts]
+        return pair if self.table == 1 else pair[::-1]
+
+    @property
+    def watermark(self) -> int:
+        """The table's watermark: every stream tuple older than it has been joined (what a
+        group's commit records, and what `verify` decides by)."""
+        return self.state.watermarks(self.plan)[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.state.versions.nbytes + self.state.waiting.nbytes
+
+    @property
+    def tuples(self) -> int:
+        return len(self.state.versions) + len(self.state.waiting)
+
+    @property
+    def awaiting(self) -> int:
+        """Stream tuples waiting for the table's watermark."""
+        return len(self.state.waiting)
+
+    def next_deadline(self, plan: object) -> int | None:
+        return None
+
+
+def process_asof_window(window: AsOfWindow, deltas: list[Block], now_ms: int) -> BatchOutcome:
+    """`process_asof_batch` for the hash worker: `deltas` and the outcome's lists in the job's
+    stream order; a table block without `DELETED` holds versions only."""
+    t = window.table
+    table = deltas[t]
+    if DELETED not in table.columns:
+        table = Block(dict(table.columns) | {DELETED: np.zeros(len(table), np.bool_)})
+    before = window.watermark
+    outcome = process_asof_batch(window.plan, window.state, deltas[1 - t], table, now_ms)
+    late = [outcome.late_stream, outcome.late_table]
+    accepted = outcome.accepted
+    if t == 0:
+        late, accepted = late[::-1], accepted[::-1]
+    return BatchOutcome(outcome.results, late, before, window.watermark, accepted,
+                        unmatched=int((outcome.results[f"{window.plan.table.name}.partition"] == ABSENT).sum())
+                        if window.plan.join_type == "left" else 0)

@@ -73,7 +73,16 @@ def result_layout(job: JobSettings) -> ResultLayout:
     return ResultLayout(job.job, job.join.mode, tuple(
         StreamLayout(s.name, job.topic_of(s), s.format == "blocks", tuple(job.result_fields(s).items()), s.time_field,
                      tuple(s.key_fields), optional)
-        for s, optional in zip(job.streams, optional_streams(job.join.type, len(job.streams)))))
+        for s, optional in zip(job.streams, _optional(job))))
+
+
+def _optional(job: JobSettings) -> tuple[bool, ...]:
+    """Per stream, whether a result may lack it: an as-of left join's table (no valid version),
+    or what the join type says (engine/outer.py)."""
+    t = job.table_index
+    if t is not None:
+        return tuple(job.join.type == "left" and i == t for i in range(len(job.streams)))
+    return optional_streams(job.join.type, len(job.streams))
 
 
 def result_columns(layout: ResultLayout) -> dict[str, FieldType]:

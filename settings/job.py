@@ -135,6 +135,7 @@ class JobSettings(TopicNames, BaseModel):
             raise ValueError(f"workload.rate_factors names streams {unknown} the job does not have ({names})")
         self._check_retention()
         self._check_reorg_epoch()
+        self._check_windows()
         self._check_join_type()
         if self.join.mode == "hash":
             self._check_hash_mode()
@@ -175,6 +176,43 @@ class JobSettings(TopicNames, BaseModel):
                              f"worker.heartbeat_ms ({self.worker.heartbeat_ms}): an epoch would hold no backlog "
                              "sample of a worker")
 
+    def _check_windows(self) -> None:
+        """A window join needs a window on every stream; an as-of join has none (its state is
+        bounded by the lateness) and its own limits (`_check_asof`)."""
+        if self.join.table is not None:
+            self._check_asof()
+            return
+        missing = [i for i, s in enumerate(self.streams) if s.window is None]
+        if missing:
+            raise ValueError(f"streams.{missing[0]}.window: every stream of a window join needs a window "
+                             "(range_ms or rows); only an as-of join (join.table) has none")
+
+    def _check_asof(self) -> None:
+        names = [s.name for s in self.streams]
+        if self.join.table not in names:
+            raise ValueError(f"join.table {self.join.table!r} names no stream of the job ({names})")
+        if len(self.streams) != 2 or self.join.mode != "hash":
+            raise ValueError("join.table: an as-of join joins one stream with one table, in join.mode hash")
+        if self.join.type not in ("inner", "left"):
+            raise ValueError(f"join.table: an as-of join is inner or left (a tuple with no valid version is dropped "
+                             f"or null-padded), not {self.join.type}")
+        windowed = [i for i, s in enumerate(self.streams) if s.window is not None]
+        if windowed:
+            raise ValueError(f"streams.{windowed[0]}.window: an as-of join has no window (a tuple joins the version "
+                             "valid at its time, however old); leave it out")
+        if self.join.idle_timeout_ms or self.join.repartition_watermarks:
+            raise ValueError("join.idle_timeout_ms and join.repartition_watermarks must be unset for an as-of join: "
+                             "a tuple is joined only once the table's watermark has passed it, which an idleness "
+                             "rule would decide by the wall clock")
+        if self.worker.spill.mode == "deferred":
+            raise ValueError("join.table: an as-of join needs worker.spill.mode probe (its versions are one state)")
+
+    @property
+    def table_index(self) -> int | None:
+        """An as-of join: the index of its table among the streams (None: a window join)."""
+        names = [s.name for s in self.streams]
+        return names.index(self.join.table) if self.join.table in names else None
+
     def _check_join_type(self) -> None:
         """Outer, semi and anti joins decide a row when its window expires, which hash mode's
         per-group windows know exactly; the other modes are refused, with why."""
@@ -193,7 +231,7 @@ class JobSettings(TopicNames, BaseModel):
 
     def _check_hash_mode(self) -> None:
         if self.worker.spill.mode == "deferred":
-            counted = [s.name for s in self.streams if s.window.range_ms is None]
+            counted = [s.name for s in self.streams if s.window is not None and s.window.range_ms is None]
             if counted:
                 raise ValueError(f"worker.spill.mode deferred needs RANGE windows; streams {counted} have count "
                                  "windows, whose membership depends on every generation (use mode: probe)")
@@ -250,7 +288,7 @@ class JobSettings(TopicNames, BaseModel):
     @property
     def longest_time_window_ms(self) -> int:
         """The longest RANGE window over the streams (0 when all windows count rows)."""
-        return max((s.window.range_ms or 0 for s in self.streams), default=0)
+        return max((s.window.range_ms or 0 for s in self.streams if s.window is not None), default=0)
 
     def start_offset(self, topic: str, partition: int) -> int:
         """Where a group with no checkpoint starts reading `topic`'s `partition` (0: the beginning)."""
@@ -268,4 +306,4 @@ class JobSettings(TopicNames, BaseModel):
     @property
     def emits_on_watermark(self) -> bool:
         """Count windows are final only once the watermark passes a result's time."""
-        return any(s.window.is_rows for s in self.streams)
+        return any(s.window is not None and s.window.is_rows for s in self.streams)

@@ -76,6 +76,12 @@ class JoinSpec(StrictModel):
                     "stream that still has records to read is paused until that one catches up (event-time "
                     "aligned intake, as Kafka Streams picks the partition with the lowest head), so a backlog "
                     "drain keeps the window at its size instead of buffering one stream whole. None: off")
+    table: str | None = Field(
+        default=None, pattern=r"^[a-z][a-z0-9_]*$",
+        description="an as-of (temporal) join: the stream named here is a versioned table (each record the row of "
+                    "its key as of its event time), and each tuple of the other stream joins the version of its key "
+                    "valid at its time, once the table's watermark has passed it (type inner or left; hash mode, "
+                    "two streams, no windows)")
     predicate: list[PredicateTerm] = Field(
         default_factory=list, description="ring mode: ANDed terms (equality, band, UDF); hash mode joins on keys")
     udfs: dict[str, str] = Field(default_factory=dict, description="UDF name -> 'module:callable'")

@@ -62,8 +62,10 @@ class StreamSpec(StrictModel):
                     "of another type is dead-lettered as malformed")
     time_field: str = Field(description="the int field that holds each tuple's event time, in epoch milliseconds")
     key_fields: list[str] = Field(default_factory=list, description="join key (hash mode needs one); Kafka record key")
-    window: WindowSpec = Field(description="the stream's window: exactly one of range_ms (time) or rows (count, "
-                                           "per key)")
+    window: WindowSpec | None = Field(
+        default=None,
+        description="the stream's window: exactly one of range_ms (time) or rows (count, per key). Every stream "
+                    "of a window join needs one; the streams of an as-of join (join.table) have none")
     where: dict[str, list[int | float | str | bool]] = Field(
         default_factory=dict,
         description="hash mode: a source filter, field -> allowed values (ANDed over fields); a tuple outside it "

@@ -27,7 +27,7 @@ from streamjoin.services.hash.emit import Emitter
 from streamjoin.services.hash.heartbeat import Heartbeats
 from streamjoin.services.hash.hot_keys import KeyCounter
 from streamjoin.services.hash.pacing import Pacing
-from streamjoin.services.hash.processor import GroupBatch, join_plan, unmatched_delays_ms
+from streamjoin.services.hash.processor import GroupBatch, group_store, join_plan, unmatched_delays_ms
 from streamjoin.services.hash.recovery import recover_groups
 from streamjoin.services.io import kafka, transactions
 from streamjoin.services.io.intake import RecordBuffer, Routing, routing_for
@@ -35,7 +35,6 @@ from streamjoin.services.io.templates import stream_templates
 from streamjoin.services.io.transactions import exit_if_fenced
 from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.state.store import Store
-from streamjoin.state.windowed import WindowedStore
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 
@@ -52,9 +51,7 @@ class Worker(Pacing, Heartbeats):
         self.job, self.cluster, self.worker_id = job, cluster, worker_id
         self.metrics_port = job.worker.metrics_port if metrics_port is None else metrics_port
         self.plan = join_plan(job)
-        self.store = WindowedStore(Store(Path(job.worker.state_dir) / worker_id), self.plan,
-                                   stream_templates(job), job.worker.memory_bytes,
-                                   changelog=job.worker.changelog, spill=job.worker.spill)
+        self.store = group_store(job, self.plan, Store(Path(job.worker.state_dir) / worker_id), stream_templates(job))
         self.input_topics = input_topics(job)
         self.topic_codes = {topic: code for code, topic in enumerate(self.input_topics)}
         self.routings: list[Routing] = []  # per stream; the source topics' partition counts are read at start

@@ -11,6 +11,7 @@ import numpy as np
 
 import time
 
+from streamjoin.engine.asof import AsOfPlan, process_asof_window
 from streamjoin.engine.block import Block, concat
 from streamjoin.engine.cleanup import cleanup_results, generation_of
 from streamjoin.engine.outer import DECIDED
@@ -22,6 +23,8 @@ from streamjoin.services.io.dead_letters import DeadRecord, late_records
 from streamjoin.services.io.intake import Forward, GroupSlice, RecordBuffer, Routing, decode_by_group
 from streamjoin.services.io.progress_notes import ProgressNote
 from streamjoin.state.checkpoint import merge_positions
+from streamjoin.state.store import Store
+from streamjoin.state.versioned import VersionedStore
 from streamjoin.state.windowed import BLOCK_SEQ, GroupState, WindowedStore
 from streamjoin.settings import JobSettings
 
@@ -66,19 +69,33 @@ class CleanedUp:
     generations: list[list[int]]
 
 
-def join_plan(job: JobSettings) -> JoinPlan:
+def join_plan(job: JobSettings) -> JoinPlan | AsOfPlan:
+    """The join a group runs: a window join, or an as-of join (join.table)."""
     streams = tuple(
-        StreamPlan(s.name, job.topic_of(s), s.window.range_ms, s.window.rows, tuple(s.fields), tuple(s.key_fields))
+        StreamPlan(s.name, job.topic_of(s), s.window.range_ms if s.window else None,
+                   s.window.rows if s.window else None, tuple(s.fields), tuple(s.key_fields))
         for s in job.streams
     )
+    t = job.table_index
+    if t is not None:
+        lateness = job.join.allowed_lateness_ms
+        return AsOfPlan(streams[1 - t], streams[t], lateness, lateness, job.join.type)  # type: ignore[arg-type]
     return JoinPlan(streams, job.join.allowed_lateness_ms, exact_keys=keys_are_exact(job.streams[0]),
                     join_type=job.join.type)
+
+
+def group_store(job: JobSettings, plan: JoinPlan | AsOfPlan, rocksdb: Store, templates: list[Block]) -> WindowedStore:
+    """The store of a worker's groups: windows, or an as-of join's versions."""
+    memory, changelog, spill = job.worker.memory_bytes, job.worker.changelog, job.worker.spill
+    if isinstance(plan, AsOfPlan):
+        return VersionedStore(rocksdb, plan, job.table_index or 0, templates, memory, changelog, spill)
+    return WindowedStore(rocksdb, plan, templates, memory, changelog=changelog, spill=spill)
 
 
 def unmatched_delays_ms(job: JobSettings, results: Block) -> np.ndarray:
     """Per null-padded row of an unmatched row (outer and anti joins, time windows): its
     emission time minus its deadline, the row's event time + window + allowed lateness."""
-    if job.join.type in ("inner", "semi"):
+    if job.join.type in ("inner", "semi") or job.join.table is not None:  # as-of: no deadline in time
         return np.empty(0, np.int64)
     delays = []
     for i in DECIDED[job.join.type]:
@@ -136,7 +153,10 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
         store.close_generation(state, seq)
     deltas = [_tag(slices[i].block if i in slices else store.templates[i], seq) for i in range(len(job.streams))]
     progress = _progress(job, routings, state, group, slices, idle, now_ms)
-    outcome = process_batch(plan, state.window, deltas, now_ms, idle, floor, progress.bound if progress else None)
+    if isinstance(plan, AsOfPlan):
+        outcome = process_asof_window(state.window, deltas, now_ms)  # type: ignore[arg-type]
+    else:
+        outcome = process_batch(plan, state.window, deltas, now_ms, idle, floor, progress.bound if progress else None)
     cleanup = clean_up(plan, store, state, group, outcome.accepted, now_ms) if state.checkpoint.generations else None
     results = concat([outcome.results, cleanup.results]) if cleanup else outcome.results
     dead = [d for sl in slices.values() for d in sl.dead]

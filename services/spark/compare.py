@@ -82,7 +82,8 @@ def unmatched_fields(job: JobSettings, expected: DataFrame, actual: DataFrame,
         return fields
     absent = reduce(lambda a, b: a | b, [F.col(p_ref(i)) == ABSENT for i in range(len(job.streams))])
     fields["unmatched"] = expected.filter(absent).count()
-    if all(job.streams[s].window.range_ms is not None for s in DECIDED[job.join.type]):
+    windows = [job.streams[s].window for s in DECIDED[job.join.type]]
+    if all(w is not None and w.range_ms is not None for w in windows):  # as-of joins have no deadline in time
         fields["unmatched_delay_ms"] = percentiles(unmatched_delays(actual, decoded, job))
     return fields
 

@@ -52,7 +52,7 @@ def plot_delays(delays: DataFrame, stats: dict, title: str, path: Path) -> None:
 def stream_info(job: JobSettings) -> list[dict]:
     """The report's `streams`: what verify took each stream to be."""
     return [{"name": s.name, "topic": job.topic_of(s), "format": s.format, "key_fields": s.key_fields,
-             "time_field": s.time_field, "window": s.window.model_dump(exclude_none=True)} for s in job.streams]
+             "time_field": s.time_field, "window": s.window.model_dump(exclude_none=True) if s.window else None} for s in job.streams]
 
 
 def input_summary(names: list[str], decoded: list[DataFrame], dead_records: int) -> dict:

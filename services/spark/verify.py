@@ -23,9 +23,11 @@ from pyspark.sql import functions as F
 from streamjoin.engine.predicates import compile_terms
 from streamjoin.schemas.splitjoin import MARK_HEADER
 from streamjoin.services.io.kafka import Cluster
+from streamjoin.services.spark.asof_oracle import expected_asof_join
 from streamjoin.services.spark.compare import result_fields
 from streamjoin.services.spark.input_records import (accepted_inputs, decode_ring_dead_letters, decode_tuples,
                                                      hash_inputs, mark_dead)
+from streamjoin.services.spark.join_columns import o_ref, p_ref
 from streamjoin.services.spark.kafka_source import NAME as KAFKA, local_session
 from streamjoin.services.spark.kafka_source import options as kafka_options
 from streamjoin.services.spark.oracles import expected_results
@@ -52,8 +54,11 @@ def _verify_hash(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
     accepted = [accepted_inputs(d) for d in decoded]
 
     watermarks = final_watermarks(raw.filter(F.col("topic") == job.commits_topic)).localCheckpoint()
-    expected = expected_results(accepted, [s.window for s in job.streams], job.join.type,
-                                watermarks).localCheckpoint()
+    if job.table_index is not None:
+        expected = _expected_asof(job, accepted, watermarks).localCheckpoint()
+    else:
+        expected = expected_results(accepted, [s.window for s in job.streams], job.join.type,
+                                    watermarks).localCheckpoint()
     outcome, delays = result_fields(job, expected, raw_results, decoded)
     return {
         **input_summary(names, decoded, dead.count()),
@@ -61,6 +66,20 @@ def _verify_hash(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
         "watermark_bounded": job.emits_on_watermark,
         "groups_without_results": groups_without_results(accepted, watermarks),
     }, delays
+
+
+def _expected_asof(job: JobSettings, accepted: list[DataFrame], watermarks: DataFrame) -> DataFrame:
+    """The as-of join's results (asof_oracle.py), refs in the job's stream order. A commit's
+    watermark in an as-of job is its group's table watermark: the stream tuples below it were
+    joined."""
+    t = job.table_index
+    assert t is not None
+    table = accepted[t].withColumn("deleted", F.lit(False))
+    expected = expected_asof_join(accepted[1 - t], table, job.join.type, watermarks)
+    if t == 1:
+        return expected
+    swap = {p_ref(0): p_ref(1), o_ref(0): o_ref(1), p_ref(1): p_ref(0), o_ref(1): o_ref(0)}
+    return expected.select(*(F.col(c).alias(swap.get(c, c)) for c in expected.columns))
 
 
 def _verify_ring(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
