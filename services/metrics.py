@@ -95,6 +95,10 @@ DELAY_SECONDS = BlockHistogram("streamjoin_production_delay_seconds",
                                "Result wall time minus wall arrival of its newest input", DELAY_BUCKETS, REGISTRY)
 UNMATCHED = Counter("streamjoin_unmatched_rows_total", "Null-padded rows emitted for rows proven unmatched "
                     "(join.type left, right, full, anti)", registry=REGISTRY)
+ASOF_VERSIONS = Gauge("streamjoin_asof_versions", "As-of joins: table versions a group holds (those a future tuple "
+                      "can still need)", ["group"], registry=REGISTRY)
+ASOF_WAITING = Gauge("streamjoin_asof_waiting_tuples", "As-of joins: stream tuples a group holds until the table's "
+                     "watermark passes them", ["group"], registry=REGISTRY)
 AWAITING_DECISION = Gauge("streamjoin_rows_awaiting_decision", "Live rows of the decided streams (join.type not "
                           "inner) that no result has held yet: each waits for a match or for the watermark to pass "
                           "its deadline (an input that holds the watermark back holds them)", registry=REGISTRY)

@@ -398,6 +398,10 @@ class Worker(Pacing, Heartbeats):
                 metrics.REPARTITION_DUPLICATES.inc(b.duplicates)
             metrics.STATE_BYTES.labels(str(b.group)).set(b.state.window.nbytes)
             metrics.STATE_TUPLES.labels(str(b.group)).set(b.state.window.tuples)
+            if self.job.join.table is not None:
+                asof = b.state.window.state  # type: ignore[attr-defined]
+                metrics.ASOF_VERSIONS.labels(str(b.group)).set(len(asof.versions))
+                metrics.ASOF_WAITING.labels(str(b.group)).set(len(asof.waiting))
             self.store.observe(b.group, b.now_ms, sum(len(block) for block in b.appended), len(b.results))
             self.key_counter.observe(b.group, b.appended, b.now_ms)
             self.results_total += len(b.results)

@@ -35,10 +35,12 @@ from typing import Mapping, Sequence
 import numpy as np
 from confluent_kafka import Message
 
+from streamjoin.engine.asof import DELETED
 from streamjoin.engine.block import OFF, TS, Block
 from streamjoin.schemas.codecs import BLOCK_INDEX, BLOCK_SHIFT, DECODERS, Reject, encode_block
 from streamjoin.schemas.join_keys import key_text
 from streamjoin.services import metrics
+from streamjoin.services.io import tombstones
 from streamjoin.services.io.dead_letters import DeadRecord
 from streamjoin.services.io.progress_notes import Newest, Told, newest_read, take_notes
 from streamjoin.settings import JobSettings, StreamSpec
@@ -270,11 +272,16 @@ def decode_by_group(job: JobSettings, stream_index: int, buf: RecordBuffer, rout
     passed[list(refused)] = False
     keep = np.flatnonzero(passed)
     values = buf.values if len(keep) == len(buf) else list(map(buf.values.__getitem__, keep.tolist()))
+    deleted = None
+    if spec.name == job.join.table and spec.format == "json":  # an as-of join's table: tombstones delete
+        values, deleted = tombstones.as_rows(spec, values, [buf.keys[i] for i in keep.tolist()], buf.timestamps[keep])
     decoded = DECODERS[spec.format](spec, values, buf.partitions[keep].astype(np.int32), buf.offsets[keep],
                                     buf.timestamps[keep])
     dead = [_dead(stream_index, buf, i, r) for i, r in sorted(refused.items()) if fresh[i]]
     dead += [_dead(stream_index, buf, int(keep[r.index]), r) for r in decoded.rejects]
     block, record = decoded.block, keep[decoded.records]
+    if deleted is not None:
+        block = Block(dict(block.columns) | {DELETED: deleted[decoded.records]})
     if now_ms is not None and job.join.max_future_ms:
         ahead = block[TS] > now_ms + job.join.max_future_ms
         if ahead.any():

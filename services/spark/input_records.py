@@ -45,15 +45,46 @@ def value_schema(spec: StreamSpec) -> StructType:
     return StructType([StructField(n, _SPARK_TYPES[t]) for n, t in spec.fields.items()])
 
 
-def decode_inputs(raw: DataFrame, spec: StreamSpec) -> DataFrame:
-    """partition, offset, arrival (Kafka timestamp), key, ts, ok (parsed with every field present)."""
+def decode_inputs(raw: DataFrame, spec: StreamSpec, table: bool = False) -> DataFrame:
+    """partition, offset, arrival (Kafka timestamp), key, ts, ok (parsed with every field present);
+    for an as-of join's `table` also `deleted`: a tombstone (null value) is the deletion of the
+    row its record key spells, at its Kafka timestamp (services/io/tombstones.py)."""
     v = F.from_json(F.col("value").cast("string"), value_schema(spec))
-    parsed = raw.select("topic", "partition", "offset", F.col("timestamp_ms").alias("arrival"), v.alias("v"))
+    parsed = raw.select("topic", "partition", "offset", F.col("timestamp_ms").alias("arrival"), v.alias("v"),
+                        F.col("key").alias("record_key"), F.col("value").isNull().alias("tombstone"))
     keys = [F.col(f"v.{k}") for k in spec.key_fields]
-    ok = reduce(lambda a, b: a & b, [F.col(f"v.{n}").isNotNull() for n in spec.fields])
-    return parsed.select("topic", "partition", "offset", "arrival",
-                         (keys[0] if len(keys) == 1 else F.struct(*keys)).alias("key"),
-                         F.col(f"v.{spec.time_field}").alias("ts"), F.coalesce(ok, F.lit(False)).alias("ok"))
+    key = keys[0] if len(keys) == 1 else F.struct(*keys)
+    ts, ok = F.col(f"v.{spec.time_field}"), reduce(lambda a, b: a & b, [F.col(f"v.{n}").isNotNull() for n in spec.fields])
+    extra = []
+    if table:
+        tomb_key, tomb_ok = _tombstone_key(spec)
+        key = F.when(F.col("tombstone"), tomb_key).otherwise(key)
+        ts = F.when(F.col("tombstone"), F.col("arrival")).otherwise(ts)
+        ok = F.when(F.col("tombstone"), tomb_ok).otherwise(ok)
+        extra = [F.col("tombstone").alias("deleted")]
+    return parsed.select("topic", "partition", "offset", "arrival", key.alias("key"), ts.alias("ts"),
+                         F.coalesce(ok, F.lit(False)).alias("ok"), *extra)
+
+
+def _tombstone_key(spec: StreamSpec) -> tuple[Column, Column]:
+    """A tombstone's key, read from its record key's text (the key fields joined by ","), and
+    whether the text spells one exactly (an int's canonical digits, true/false)."""
+    text = F.col("record_key").cast("string")
+    parts = F.split(text, ",", -1)
+    values = []
+    for i, name in enumerate(spec.key_fields):
+        part = text if len(spec.key_fields) == 1 else parts.getItem(i)
+        ftype = spec.fields[name]
+        if ftype == "int":
+            number = part.cast("long")
+            values.append(F.when(number.cast("string") == part, number).alias(name))
+        elif ftype == "bool":
+            values.append(F.when(part == "true", F.lit(True)).when(part == "false", F.lit(False)).alias(name))
+        else:
+            values.append(part.alias(name))
+    whole = F.lit(True) if len(spec.key_fields) == 1 else F.size(parts) == len(spec.key_fields)
+    ok = reduce(lambda a, b: a & b, [c.isNotNull() for c in values], whole & text.isNotNull())
+    return (values[0] if len(values) == 1 else F.struct(*values)), ok
 
 
 def key_groups(decoded: DataFrame, spec: StreamSpec, partitions: int) -> DataFrame:
@@ -91,7 +122,8 @@ def hash_inputs(raw: DataFrame, job: JobSettings) -> tuple[list[DataFrame], Data
     and the dead letters. Whatever the reason (malformed, late, oversize, misrouted, ...), a
     dead-lettered record was not joined."""
     dead = decode_dead_letters(raw.filter(F.col("topic") == job.dead_letter_topic)).localCheckpoint()
-    decoded = [key_groups(decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s), s, job.partitions)
+    decoded = [key_groups(decode_inputs(raw.filter(F.col("topic") == job.topic_of(s)), s, s.name == job.join.table),
+                          s, job.partitions)
                .join(dead, ["topic", "partition", "offset"], "left") for s in job.streams]
     return decoded, dead
 

@@ -74,8 +74,7 @@ def _expected_asof(job: JobSettings, accepted: list[DataFrame], watermarks: Data
     joined."""
     t = job.table_index
     assert t is not None
-    table = accepted[t].withColumn("deleted", F.lit(False))
-    expected = expected_asof_join(accepted[1 - t], table, job.join.type, watermarks)
+    expected = expected_asof_join(accepted[1 - t], accepted[t], job.join.type, watermarks)
     if t == 1:
         return expected
     swap = {p_ref(0): p_ref(1), o_ref(0): o_ref(1), p_ref(1): p_ref(0), o_ref(1): o_ref(0)}

@@ -5,7 +5,7 @@ Orders are joined with the customer row valid at each order's time. The orders' 
 keys them by order id, not by the customer they look up: every order is re-routed to its
 customer's group through the by-key topic (a foreign-key lookup). Customer rows change all
 the time and arrive out of order within the lateness; some customers never have a row, so
-the left join null-pads their orders. One worker is SIGKILLed and restarted mid-run, and a
+the left join null-pads their orders, and customers are deleted now and then (tombstones). One worker is SIGKILLed and restarted mid-run, and a
 group is moved live from one worker to the other; the output stays exact.
 """
 
@@ -29,6 +29,7 @@ from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings, load
 from tests.integration.fleet_harness import wait_metric
 from tests.integration.kafka_harness import read_all
+from tests.integration.test_outer_join import metric_sum
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -60,9 +61,12 @@ def write_live(job: JobSettings, bootstrap: str, seconds: float, rate: int, seed
     while time.monotonic() < end:
         now_ms = int(time.time() * 1000)
         for _ in range(rate // 20):
-            c = rnd.choice(WITH_ROWS)
-            row = {"ts": now_ms - rnd.randint(0, 400), "customer": c, "tier": rnd.randint(1, 5)}
-            producer.produce("asof.customers", key=key_bytes(c), value=json.dumps(row).encode())
+            c, ts = rnd.choice(WITH_ROWS), now_ms - rnd.randint(0, 400)
+            if rnd.random() < 0.1:  # the customer is deleted: a tombstone at its record time
+                producer.produce("asof.customers", key=key_bytes(c), value=None, timestamp=ts)
+            else:
+                row = {"ts": ts, "customer": c, "tier": rnd.randint(1, 5)}
+                producer.produce("asof.customers", key=key_bytes(c), value=json.dumps(row).encode())
             doc = {"ts": now_ms - rnd.randint(0, 200), "order": order, "customer": rnd.choice(CUSTOMERS),
                    "amount": rnd.random() * 100}
             producer.produce("asof.orders", key=key_bytes(order), value=json.dumps(doc).encode())
@@ -105,6 +109,7 @@ def test_asof_left_join_by_foreign_key_is_exact_through_a_sigkill_and_a_move(bro
         assert moved in _held(job, broker.bootstrap)["w1"]
         orders = writing.result()
     wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    assert sum(metric_sum(fleet.metrics_ports[w], "streamjoin_asof_versions") for w in ("w0", "w1")) > 0
     fleet.stop_all()  # the output is complete: Spark gets both cores
 
     report = run_verify(job, kafka.Cluster(broker.bootstrap))
@@ -114,7 +119,8 @@ def test_asof_left_join_by_foreign_key_is_exact_through_a_sigkill_and_a_move(bro
     # group's own orders by more than the lateness (its forwarder was the worker killed).
     late = report["dead_letter"]["by_reason"].get("late", 0)
     assert report["results"] == report["expected"] and report["results"] + late >= orders > report["results"] // 2
-    # Orders of customers without a row, and orders older than their customer's first row.
+    assert set(report["dead_letter"]["by_reason"]) <= {"late"}, "every tombstone was taken as a deletion"
+    # Orders of customers without a row (never, or deleted), and orders older than their customer's first row.
     assert report["unmatched"] > 0
     results = [json.loads(m.value()) for m in read_all(broker.bootstrap, job.results_topic, job.partitions, "asof-t")]
     joined = [r for r in results if r["inputs"].get("customers") is not None]

@@ -1,0 +1,70 @@
+"""Quix Streams as-of join, run by the as-of bench (bench/asof_peers.py) under Quix's own
+Python (quixstreams pins confluent-kafka<2.13, older than this project's, so it lives in a
+separate venv and this file imports nothing from the project; it shares quix_job.py's pieces,
+which sit beside it on the script's path).
+
+Usage: python quix_asof_job.py SPEC.json. The application reads the stream and table topics
+from the beginning under a fresh consumer group, exactly-once, event time from each one's time
+field; every value is tagged with its stream's name and its Kafka partition and offset. The
+stream is joined with `join_asof` (the table's rows kept in Quix's timestamped store for
+`grace_ms`), and each result is written to the output topic as JSON naming its inputs:
+stream_partition, stream_offset, table_partition, table_offset (ABSENT, -1, for a left join's
+order without a row). It stops once it has processed as many records as the topics hold and
+prints one JSON line: `seconds` from the first record processed to the end of the run (the
+final exactly-once commit included), `startup_seconds` before the first record, `processed`
+and the version.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from quix_job import Drain, event_time, retention_when_unsaid, tagger
+
+ABSENT = -1  # a left join's missing row: the refs streamjoin's results carry for it
+
+
+def merger(stream: str, table: str) -> Callable[[dict, dict | None], dict]:
+    """join_asof's on_merge: a result as the refs of its order and its row (ABSENT: none)."""
+
+    def merge(order: dict, row: dict | None) -> dict:
+        return {"stream_partition": order[f"{stream}_partition"], "stream_offset": order[f"{stream}_offset"],
+                "table_partition": row[f"{table}_partition"] if row else ABSENT,
+                "table_offset": row[f"{table}_offset"] if row else ABSENT}
+
+    return merge
+
+
+def main(spec_path: str) -> None:
+    began = time.perf_counter()
+    from importlib.metadata import version
+
+    from quixstreams import Application
+    from quixstreams.models import TopicConfig
+
+    retention_when_unsaid()
+    spec = json.loads(Path(spec_path).read_text())
+    app = Application(broker_address=spec["bootstrap"], consumer_group=spec["group"],
+                      auto_offset_reset="earliest", processing_guarantee="exactly-once",
+                      state_dir=spec["state_dir"], loglevel="WARNING",
+                      consumer_extra_config=spec["consumer_config"])
+    drain = Drain(spec["inputs"], app.stop)
+    stream, table = (app.dataframe(app.topic(s["topic"], timestamp_extractor=event_time(s["time_field"])))
+                     .apply(tagger(s["name"], drain)) for s in (spec["stream"], spec["table"]))
+    joined = stream.join_asof(table, how=spec["how"], on_merge=merger(spec["stream"]["name"], spec["table"]["name"]),
+                              grace_ms=spec["grace_ms"])
+    joined.to_topic(app.topic(spec["output"], config=TopicConfig(num_partitions=spec["partitions"],
+                                                                 replication_factor=1)))
+    app.run()
+    ended = time.perf_counter()
+    first = drain.first if drain.first is not None else ended
+    print(json.dumps({"seconds": ended - first, "startup_seconds": first - began, "processed": drain.processed,
+                      "version": version("quixstreams")}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
