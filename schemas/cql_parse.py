@@ -351,8 +351,19 @@ def _check_text(text: object) -> None:
         raise error_at("a NUL character is not allowed in a query", _spot_at(text, nul, "\x00"))
 
 
+# Joins the language does not have, named where a user of another engine writes them.
+_ASOF = ("an as-of join (FOR SYSTEM_TIME AS OF) is not in the query language, whose operators are shared "
+         "sliding windows: run it as a job with join.table")
+_TUMBLING = ("tumbling and hopping windows are not in the query language: a source's window is sliding, "
+             "[RANGE n unit] or [RANGE n unit SLIDE m unit]")
+_NOT_IN_THE_LANGUAGE = {"FOR": _ASOF, "ASOF": _ASOF, "TUMBLE": _TUMBLING, "TUMBLING": _TUMBLING, "HOP": _TUMBLING,
+                        "HOPPING": _TUMBLING}
+
+
 def _syntax_error(error: UnexpectedInput, text: str) -> QueryError:
     """The parser's complaint as a QueryError naming the token and what would fit there."""
+    if isinstance(error, UnexpectedToken) and str(error.token).upper() in _NOT_IN_THE_LANGUAGE:
+        return error_at(_NOT_IN_THE_LANGUAGE[str(error.token).upper()], _spot(error.token))
     accepts = error.interactive_parser.accepts()
     # A bare NAME, with no quoted one beside it, is taken only where a window's unit goes.
     expected = _UNITS_HINT if accepts == {"NAME"} else one_of(

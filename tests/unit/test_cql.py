@@ -166,6 +166,9 @@ BAD_TEXT = [
                                           "FALSE)"),
     (_TWO + " WHERE a.x = 1;;", 1, 60, ";", "unexpected ';' (expected the end of the query)"),
     ("SELECT a.x\x00 FROM a [RANGE 1 S]", 1, 11, "\x00", "a NUL character is not allowed"),
+    ("SELECT a.x FROM a [RANGE 1 S], b [RANGE 1 S] FOR SYSTEM_TIME AS OF a.ts", 1, 46, "FOR",
+     "an as-of join (FOR SYSTEM_TIME AS OF) is not in the query language"),
+    ("SELECT a.x FROM a [tumble 10 S]", 1, 20, "tumble", "tumbling and hopping windows are not in the query language"),
 ]
 
 
