@@ -425,3 +425,18 @@ def test_spark_verifier_fails_json_nulls_the_job_does_not_allow(spark) -> None: 
         values.append(json.dumps(record).encode())
     verdicts = [(r[RECORD_OK], r[ID_OK]) for r in _verified(spark, job, values)]
     assert verdicts == [(True, True)] + [(False, False)] * len(edits)
+
+
+@pytest.mark.parametrize("table_first", [False, True])
+def test_an_asof_left_joins_table_member_is_the_optional_one(table_first: bool) -> None:
+    """An as-of left join (join.table) lacks only the table's member, whichever place the job
+    gives the table: its Avro ref and fields take the null branch, the stream's never do."""
+    specs = [{"name": n, "fields": {"k": "int", "ts": "int"}, "time_field": "ts", "key_fields": ["k"]} for n in "os"]
+    table = "o" if table_first else "s"
+    job = JobSettings(job="aj", streams=specs, join={"table": table, "type": "left"}, output={"format": "avro"})
+    layout = result_layout(job)
+    assert [s.optional for s in layout.streams] == [table_first, not table_first]
+    members = {f["name"]: f["type"] for f in results_avro_schema(layout)["fields"]}
+    assert ("null" in json.dumps(members[table])) and ("null" not in json.dumps(members["s" if table_first else "o"]))
+    inner = JobSettings(job="aj", streams=specs, join={"table": table, "type": "inner"}, output={"format": "avro"})
+    assert not any(s.optional for s in result_layout(inner).streams)

@@ -215,3 +215,30 @@ def test_ring_job_refuses_outer_join_naming_why(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "join.type left needs join.mode hash" in result.output and "cannot be proven exactly" in result.output
 
+
+
+def _asof(data: dict, **join: object) -> None:
+    """The default job as an as-of join of r with the table s (no windows)."""
+    for s in data["streams"]:
+        s.pop("window", None)
+    data.setdefault("join", {}).update({"table": "s", **join})
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d["streams"][1].pop("window"), "streams.1.window: every stream of a window join needs a window"),
+    (lambda d: (_asof(d), d["streams"][0].update(window={"range_ms": 5})), "streams.0.window: an as-of join has no"),
+    (lambda d: _asof(d, table="t"), "join.table 't' names no stream"),
+    (lambda d: _asof(d, type="full"), "an as-of join is inner or left"),
+    (lambda d: (_asof(d), _third_stream(d)), "joins one stream with one table"),
+    (lambda d: _asof(d, idle_timeout_ms=1000), "must be unset for an as-of join"),
+])
+def test_asof_jobs_that_cannot_run_exit_2_saying_why(tmp_path: Path, mutate, words: str) -> None:
+    result = runner.invoke(app, ["worker", "--worker-id", "w0", "--job", str(_job(tmp_path, mutate)),
+                                 "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.output.split())
+
+
+def test_an_asof_job_loads_with_its_table_and_no_windows(tmp_path: Path) -> None:
+    job = load(_job(tmp_path, lambda d: _asof(d, type="left")))
+    assert job.table_index == 1 and all(s.window is None for s in job.streams) and job.longest_time_window_ms == 0
