@@ -30,11 +30,17 @@ import numpy as np
 from streamjoin.engine.block import KEY, OFF, PART, TS, Block, concat
 from streamjoin.engine.lateness import NO_TIME
 from streamjoin.engine.outer import padded
+from streamjoin.engine.runs import merge_sorted
 from streamjoin.engine.result_ids import ABSENT
 from streamjoin.engine.window_join import BatchOutcome, JoinPlan, StreamPlan, assemble
 
 DELETED = "_deleted"  # bool column of a table block: the version is a tombstone
 NO_VERSION = -1  # `valid_versions`: the tuple has no version at or before its time
+# Versions are pruned once they number twice what the last prune left plus this: pruning reads
+# every version, so it is spread over as many new ones (a version kept longer is harmless:
+# never newer than the one a later tuple takes).
+PRUNE_SLACK = 1024
+_WAITING_ORDER = (TS, PART, OFF)
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class AsOfState:
     waiting: Block
     stream_max_ts: int = NO_TIME
     table_max_ts: int = NO_TIME
+    pruned: int = 0  # versions held after the last prune (the next comes once they have doubled)
 
     def watermarks(self, plan: AsOfPlan) -> tuple[int, int]:
         """(the stream's, the table's) watermark."""
@@ -86,21 +93,28 @@ def empty_state(stream_template: Block, table_template: Block) -> AsOfState:
 
 def process_asof_batch(plan: AsOfPlan, state: AsOfState, stream: Block, table: Block, now_ms: int) -> AsOfOutcome:
     """Take one batch of stream tuples and table versions into `state` (mutated), and return
-    the results of every waiting tuple the table's watermark has now passed."""
+    the results of every waiting tuple the table's watermark has now passed.
+
+    A batch costs what it brings: its rows are sorted and merged into the sorted state in
+    one linear pass, the released tuples are a prefix of the waiting ones, each is probed by
+    binary search, and versions are pruned only once they have doubled since the last time."""
     stream_wm, table_wm = state.watermarks(plan)
     late_stream, late_table = stream[TS] < stream_wm, table[TS] < table_wm
     taken, versions = stream.filter(~late_stream), table.filter(~late_table)
     if len(versions):
-        state.versions = _sorted(concat([state.versions, versions]), (OFF, TS, KEY))
+        state.versions = merge_sorted(state.versions, _sorted(versions, (OFF, TS, KEY)))
         state.table_max_ts = max(state.table_max_ts, int(versions[TS].max()))
     if len(taken):
-        state.waiting = _sorted(concat([state.waiting, taken]), (OFF, PART, TS))
+        state.waiting = merge_sorted(state.waiting, _sorted(taken, (OFF, PART, TS)), by=_WAITING_ORDER)
         state.stream_max_ts = max(state.stream_max_ts, int(taken[TS].max()))
     stream_wm, table_wm = state.watermarks(plan)
-    ready = state.waiting[TS] < table_wm
-    released, state.waiting = state.waiting.filter(ready), state.waiting.filter(~ready)
+    cut = int(np.searchsorted(state.waiting[TS], table_wm, side="left"))  # waiting is in time order
+    released = _rows(state.waiting, 0, cut)
+    state.waiting = _rows(state.waiting, cut, len(state.waiting))
     results = _results(plan, state.versions, released, now_ms)
-    state.versions = prune(state.versions, state.horizon(plan))
+    if len(state.versions) >= 2 * state.pruned + PRUNE_SLACK:
+        state.versions = prune(state.versions, state.horizon(plan))
+        state.pruned = len(state.versions)
     return AsOfOutcome(results, stream.filter(late_stream), table.filter(late_table), [taken, versions])
 
 
@@ -108,21 +122,20 @@ def valid_versions(versions: Block, probes: Block) -> np.ndarray:
     """For each probe tuple, the index in `versions` (sorted by KEY, TS, OFF) of the version of
     its key with the greatest (TS, OFF) at or before its TS, or NO_VERSION.
 
-    One lexsort of both together: versions sort before probes of the same key and time, and
-    each probe takes the last version seen since its key's run began."""
-    n_versions, n = len(versions), len(versions) + len(probes)
-    keys = np.concatenate([versions[KEY], probes[KEY]])
-    times = np.concatenate([versions[TS], probes[TS]])
-    kind = np.r_[np.zeros(n_versions, np.int8), np.ones(len(probes), np.int8)]
-    order = np.lexsort((kind, times, keys))  # stable: versions keep their (KEY, TS, OFF) order
-    sorted_keys = keys[order]
-    run_start = np.maximum.accumulate(np.where(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]], np.arange(n), 0))
-    seen = np.maximum.accumulate(np.where(order < n_versions, np.arange(n), -1))
-    found = np.where(seen >= run_start, order[np.maximum(seen, 0)], NO_VERSION)
-    out = np.empty(len(probes), np.int64)
-    is_probe = order >= n_versions
-    out[order[is_probe] - n_versions] = found[is_probe]
-    return out
+    Its key's versions are found by one searchsorted; within them, the first one newer than the
+    probe is bisected for all probes at once, and the one before it is the valid one."""
+    keys, times = versions[KEY], versions[TS]
+    start = np.searchsorted(keys, probes[KEY], side="left")
+    lo, hi = start.copy(), np.searchsorted(keys, probes[KEY], side="right")
+    t = probes[TS]
+    open_ = np.flatnonzero(lo < hi)
+    while len(open_):
+        mid = (lo[open_] + hi[open_]) // 2
+        not_after = times[mid] <= t[open_]
+        lo[open_] = np.where(not_after, mid + 1, lo[open_])
+        hi[open_] = np.where(not_after, hi[open_], mid)
+        open_ = open_[lo[open_] < hi[open_]]
+    return np.where(lo > start, lo - 1, NO_VERSION).astype(np.int64)
 
 
 def prune(versions: Block, horizon: int, drop_tombstones: bool = False) -> Block:
@@ -164,6 +177,11 @@ def _results(plan: AsOfPlan, versions: Block, released: Block, now_ms: int) -> B
 
 def _sorted(block: Block, by: tuple[str, str, str]) -> Block:
     return block.take(np.lexsort(tuple(block[c] for c in by)))
+
+
+def _rows(block: Block, start: int, stop: int) -> Block:
+    """Rows start..stop of `block`, as views (no copy)."""
+    return Block({k: v[start:stop] for k, v in block.columns.items()})
 
 
 def _watermark(max_ts: int, lateness_ms: int) -> int:

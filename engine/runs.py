@@ -69,14 +69,20 @@ class Run:
 
 def merge_runs(older: Run, newer: Run) -> Run:
     """The two runs as one, in (key, ts, off) order; on equal triples `older` comes first,
-    as a stable sort of their concatenation would put them. Linear: the newer run's places
-    are binary-searched in the older one, then every column is scattered once."""
+    as a stable sort of their concatenation would put them."""
+    return Run(merge_sorted(older.block, newer.block),
+               np.sort(np.concatenate([older.times, newer.times]), kind="stable"))
+
+
+def merge_sorted(older: Block, newer: Block, by: tuple[str, str, str] = (KEY, TS, OFF)) -> Block:
+    """Two blocks, each sorted by the columns `by` (int64 each), as one in that order; on
+    equal triples `older` comes first. Linear: the newer block's places are binary-searched in
+    the older one, then every column is scattered once."""
     n, m = len(older), len(newer)
-    at = _places(older.block, newer.block) + np.arange(m)
+    at = _places(older, newer, by) + np.arange(m)
     from_older = np.ones(n + m, dtype=bool)
     from_older[at] = False
-    columns = {name: _interleave(old, from_older, newer.block[name], at) for name, old in older.block.columns.items()}
-    return Run(Block(columns), np.sort(np.concatenate([older.times, newer.times]), kind="stable"))
+    return Block({name: _interleave(old, from_older, newer[name], at) for name, old in older.columns.items()})
 
 
 def _interleave(old: np.ndarray, from_older: np.ndarray, new: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -93,19 +99,20 @@ def _interleave(old: np.ndarray, from_older: np.ndarray, new: np.ndarray, at: np
     return out
 
 
-def _places(older: Block, newer: Block) -> np.ndarray:
-    """For each row of `newer`, how many rows of `older` are <= it in (key, ts, off) order.
-    The key is one searchsorted; within a key's rows, (ts, off) is bisected for all rows at
-    once (a structured-array searchsorted would compare field by field, about eight times slower
-    on a 250k-row run into a 500k-row one)."""
-    lo = np.searchsorted(older[KEY], newer[KEY], side="left")
-    hi = np.searchsorted(older[KEY], newer[KEY], side="right")
-    ts, off = newer[TS], newer[OFF]
+def _places(older: Block, newer: Block, by: tuple[str, str, str] = (KEY, TS, OFF)) -> np.ndarray:
+    """For each row of `newer`, how many rows of `older` are <= it in `by` order ((key, ts,
+    off) for runs). The first column is one searchsorted; within its equal rows, the other two
+    are bisected for all rows at once (a structured-array searchsorted would compare field by
+    field, about eight times slower on a 250k-row run into a 500k-row one)."""
+    first, second, third = by
+    lo = np.searchsorted(older[first], newer[first], side="left")
+    hi = np.searchsorted(older[first], newer[first], side="right")
+    ts, off = newer[second], newer[third]
     open_ = np.flatnonzero(lo < hi)
     while len(open_):
         mid = (lo[open_] + hi[open_]) // 2
-        t_mid = older[TS][mid]
-        not_after = (t_mid < ts[open_]) | ((t_mid == ts[open_]) & (older[OFF][mid] <= off[open_]))
+        t_mid = older[second][mid]
+        not_after = (t_mid < ts[open_]) | ((t_mid == ts[open_]) & (older[third][mid] <= off[open_]))
         lo[open_] = np.where(not_after, mid + 1, lo[open_])
         hi[open_] = np.where(not_after, hi[open_], mid)
         open_ = open_[lo[open_] < hi[open_]]

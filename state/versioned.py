@@ -72,6 +72,7 @@ class VersionedStore(WindowedStore):
         versions = blocks[t]
         asof.versions = versions.take(np.lexsort((versions[OFF], versions[TS], versions[KEY])))
         asof.versions = prune(asof.versions, asof.horizon(self.asof))
+        asof.pruned = len(asof.versions)
         return state
 
     def stage(self, tx: StateTransaction, group: int, state: GroupState, appended: list[Block],

@@ -119,8 +119,10 @@ def test_the_engine_joins_what_the_reference_joins(scenario: dict) -> None:
     # Every tuple not yet joined waits for the table's watermark, and no key keeps two versions
     # a future tuple cannot tell apart.
     assert (state.waiting[TS] >= state.watermarks(p)[1]).all()
-    old = state.versions[KEY][state.versions[TS] < state.horizon(p)]
+    held = asof.prune(state.versions, state.horizon(p))
+    old = held[KEY][held[TS] < state.horizon(p)]
     assert len(old) == len(np.unique(old))
+    assert len(state.versions) < 2 * state.pruned + asof.PRUNE_SLACK
 
 
 def latest_version(versions: Block, probes: Block) -> np.ndarray:
@@ -186,7 +188,8 @@ def test_versions_held_stay_bounded_by_keys_and_recent_versions_not_by_history()
         outcome = process_asof_batch(p, state, orders([(k, t0 + 5, second * 10 + k) for k in range(10)]),
                                      customers(ups), 0)
         assert not len(outcome.late_table)
-        assert len(state.versions) <= 10 * (1 + (LATENESS + 100) // 10 + 1)
+        # Each key's newest old version and those of the last lateness and batch, pruned once doubled.
+        assert len(state.versions) <= 2 * 10 * (1 + (LATENESS + 100) // 10 + 1) + asof.PRUNE_SLACK
     assert len(state.waiting) <= 10 * 2
 
 
