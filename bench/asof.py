@@ -117,7 +117,7 @@ def plot(result: dict, path: Path) -> None:
     bars = [(f"streamjoin, {k} worker(s)\nexact", tps) for k, tps in result["ours"]["throughput_tuples_per_s"].items()]
     for name, peer in result["peers"].items():
         if peer["ran"]:
-            verdict = "exact" if peer["exact"] else f"{peer['wrong_version']} orders joined wrong"
+            verdict = "exact" if peer["exact"] else f"{peer['wrong_version']:,} orders joined wrong"
             bars.append((f"{name}\n{verdict}", peer["tuples_per_s"] or 0))
     fig, ax = plt.subplots(figsize=(2 + 1.6 * len(bars), 4.5))
     ax.bar(range(len(bars)), [v for _, v in bars], color=[f"C{i}" for i in range(len(bars))])
@@ -125,7 +125,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("backlog throughput (tuples/s)")
     params = result["parameters"]
     ax.set_title(f"as-of {params['join_type']} join, {params['partitions']} partitions, "
-                 f"{params['customers']} customers", fontsize=10)
+                 f"{params['customers']:,} customers, {params['rate']:,.0f} tuples/s per stream for "
+                 f"{params['seconds']:.0f} s", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,9 @@ pairs (asof_workload.expected_pairs):
            the topics in Kafka-timestamp order, so a row that arrives after an order it is valid
            for is not there yet, and the order is joined with an older row (or none).
   pyflink  PyFlink's event-time temporal join (bench/peers/pyflink_asof_job.py) from the venv
-           STREAMJOIN_PYFLINK_PYTHON names, on CSV files of the exported inputs.
+           STREAMJOIN_PYFLINK_PYTHON names, on CSV files of the exported inputs, each file's Kafka
+           partitions merged by their progress in event time (`in_event_time_order`), so that no
+           row is behind its file's watermark.
 
 Both are launched as their window-join counterparts are (bench/peers/quix_peer.py,
 pyflink_peer.py), with those modules' venv look-up, consumer settings and CSV writer.
@@ -15,21 +17,28 @@ pyflink_peer.py), with those modules' venv look-up, consumer settings and CSV wr
 A peer's results are compared with the oracle's pairs by both inputs' (partition, offset):
 missing, extra (distinct pairs outside the oracle's), duplicates (results beyond the first of
 their pair) and `wrong_version`: orders whose one result names another row than the valid one
-(or none where there is one, or one where there is none).
+(or none where there is one, or one where there is none); and `missing_row_arrived_later`:
+the missing pairs whose row reached Kafka no earlier than their order.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+from confluent_kafka import Message
 
 from streamjoin.bench.asof_workload import PAIR, STREAM, TABLE, spec_of
+from streamjoin.bench.inputs import ARRIVAL
 from streamjoin.bench.peers import pyflink_peer, quix_peer
 from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
@@ -39,9 +48,10 @@ _QUIX_JOB = Path(__file__).with_name("peers") / "quix_asof_job.py"
 _PYFLINK_JOB = Path(__file__).with_name("peers") / "pyflink_asof_job.py"
 
 
-def judge(expected: pa.Table, got: pa.Table) -> dict:
+def judge(expected: pa.Table, got: pa.Table, tables: dict[str, pa.Table]) -> dict:
     """`got`'s results against the `expected` pairs (both PAIR columns): the counts of results,
-    missing, extra, duplicates and wrong_version, and `exact`."""
+    missing, extra, duplicates and wrong_version, `exact`, and of the missing pairs those whose
+    row reached Kafka no earlier than their order (`tables`: the exported inputs, arrival_ms)."""
     keys = list(PAIR)
     expected, got = expected.cast(_PAIR_SCHEMA), got.cast(_PAIR_SCHEMA)
     distinct = got.group_by(keys).aggregate([])
@@ -51,15 +61,30 @@ def judge(expected: pa.Table, got: pa.Table) -> dict:
     wrong = missing.select(orders).join(extra.select(orders).group_by(orders).aggregate([]), keys=orders,
                                         join_type="inner")
     counts = {"results": got.num_rows, "missing": missing.num_rows, "extra": extra.num_rows,
-              "duplicates": got.num_rows - distinct.num_rows, "wrong_version": wrong.num_rows}
+              "duplicates": got.num_rows - distinct.num_rows, "wrong_version": wrong.num_rows,
+              "missing_row_arrived_later": row_arrived_later(missing, tables)}
     return counts | {"exact": counts["missing"] == counts["extra"] == counts["duplicates"] == 0}
+
+
+def row_arrived_later(pairs: pa.Table, tables: dict[str, pa.Table]) -> int:
+    """How many of `pairs` name a row whose Kafka timestamp is no earlier than their order's: a
+    row that a reader in Kafka-timestamp order had not yet seen when it joined the order."""
+    for name, prefix in ((STREAM, "stream"), (TABLE, "table")):
+        side = tables[name].select(["partition", "offset", ARRIVAL])
+        side = side.rename_columns([f"{prefix}_partition", f"{prefix}_offset", f"{prefix}_arrival"]).cast(
+            pa.schema([(f"{prefix}_{c}", pa.int64()) for c in ("partition", "offset", "arrival")]))
+        pairs = pairs.join(side, keys=[f"{prefix}_partition", f"{prefix}_offset"], join_type="inner")
+    later = pc.greater_equal(pairs["table_arrival"], pairs["stream_arrival"])
+    return int(pc.sum(later).as_py() or 0)
 
 
 def read_topic_pairs(cluster: kafka.Cluster, topic: str, partitions: int) -> pa.Table:
     """The PAIR columns of every JSON result in `topic` (read_committed, to its true end)."""
     records = kafka.read_partitions(cluster, topic, dict.fromkeys(range(partitions), 0), f"{topic}-read")
-    rows = [json.loads(m.value()) for m in records]  # a peer's output, read once: not a hot path
-    return pa.table({c: pa.array([r[c] for r in rows], pa.int64()) for c in PAIR})
+    if not records:
+        return _PAIR_SCHEMA.empty_table()
+    results = pajson.read_json(io.BytesIO(b"\n".join(map(Message.value, records))))
+    return results.select(list(PAIR)).cast(_PAIR_SCHEMA)
 
 
 # ---------------------------------------------------------------- Quix Streams
@@ -94,7 +119,7 @@ def run_quix(job: JobSettings, tables: dict[str, pa.Table], cluster: kafka.Clust
     if done.returncode != 0:
         return {"ran": False, "why": f"the Quix job failed ({done.returncode}): {done.stderr[-2000:]}"}
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    judged = judge(expected, read_topic_pairs(cluster, spec["output"], job.partitions))
+    judged = judge(expected, read_topic_pairs(cluster, spec["output"], job.partitions), tables)
     return {"ran": True, "tuples": inputs, "tuples_per_s": inputs / out["seconds"], **out, **judged,
             "expected": expected.num_rows,
             "how": f"quixstreams Application, exactly-once, fresh group from the earliest offsets of both topics, "
@@ -116,8 +141,9 @@ def run_pyflink(job: JobSettings, tables: dict[str, pa.Table], workdir: Path, ex
                                      "docs/benchmarks/index.md)"}
     root = workdir / "pyflink-asof"
     sides = {}
-    for name in (STREAM, TABLE):
-        spec, table = spec_of(job, name), tables[name]
+    read = {name: in_event_time_order(tables[name], spec_of(job, name).time_field) for name in (STREAM, TABLE)}
+    for name, table in read.items():
+        spec = spec_of(job, name)
         pyflink_peer._write_csv(table, root / "in" / name, parallelism)
         pyflink_peer._write_csv(table.slice(0, 0), root / "empty" / name, parallelism)
         sides[name] = {"name": name, "columns": [[f.name, pyflink_peer._SQL_TYPES[f.type]] for f in table.schema],
@@ -135,14 +161,47 @@ def run_pyflink(job: JobSettings, tables: dict[str, pa.Table], workdir: Path, ex
     out = json.loads(done.stdout.strip().splitlines()[-1])
     inputs = sum(t.num_rows for t in tables.values())
     work = out["seconds"] - out["startup_seconds"]
-    judged = judge(expected, read_csv_pairs(root / "out" / "results"))
+    judged = judge(expected, read_csv_pairs(root / "out" / "results"), tables)
+    behind = {name: behind_file_watermark(table, spec_of(job, name).time_field, job.join.allowed_lateness_ms,
+                                          parallelism) for name, table in read.items()}
     return {"ran": True, "tuples": inputs, "tuples_per_s": inputs / work if work > 0 else None, **out, **judged,
-            "expected": expected.num_rows, "version": pyflink_peer._version(python), "parallelism": parallelism,
+            "behind_file_watermark": behind, "expected": expected.num_rows,
+            "version": pyflink_peer._version(python), "parallelism": parallelism,
             "how": f"Flink SQL event-time temporal join (streaming mode), CSV file sources with watermark "
-                   f"{job.join.allowed_lateness_ms} ms, customers with PRIMARY KEY (a versioned table): orders "
+                   f"{job.join.allowed_lateness_ms} ms (rows in event-time order per Kafka partition, partitions "
+                   f"merged by their progress: behind_file_watermark counts rows late in their file), customers with PRIMARY KEY (a versioned table): orders "
                    f"{'LEFT ' if job.join.type == 'left' else ''}JOIN customers FOR SYSTEM_TIME AS OF the order's "
                    "time; results as CSV naming both inputs, judged against the oracle's pairs; throughput over "
                    "the job's seconds less an empty job's"}
+
+
+def in_event_time_order(table: pa.Table, time_field: str) -> pa.Table:
+    """`table`'s rows with each Kafka partition's in offset order, the partitions merged by how
+    far each has come in event time (the newest time so far in its partition): no row then
+    follows one newer than it by more than its own partition's disorder, as a source with a
+    watermark per Kafka partition reads them (ours, Kafka's sources). A CSV file holds several
+    partitions; merged by Kafka timestamp, records written in one tick could fall behind the
+    file's watermark."""
+    table = table.sort_by([("partition", "ascending"), ("offset", "ascending")])
+    part, ts = table["partition"].to_numpy(), table[time_field].to_numpy()
+    progress = np.empty_like(ts)
+    starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]])
+    for a, b in zip(starts, np.r_[starts[1:], len(ts)]):
+        progress[a:b] = np.maximum.accumulate(ts[a:b])
+    return table.take(np.lexsort((table["offset"].to_numpy(), part, progress)))
+
+
+def behind_file_watermark(table: pa.Table, time_field: str, lateness_ms: int, files: int) -> int:
+    """Rows of `table` that follow, in their CSV file (partition mod `files`, rows in table order),
+    a row newer than them by more than the lateness: behind the watermark of a source reading
+    that file (none, in `in_event_time_order`)."""
+    which = table["partition"].to_numpy() % files
+    ts = table[time_field].to_numpy()
+    behind = 0
+    for i in range(files):
+        t = ts[which == i]
+        behind += int((t < np.maximum.accumulate(t) - lateness_ms).sum())
+    return behind
 
 
 def read_csv_pairs(root: Path) -> pa.Table:

@@ -59,7 +59,9 @@ class AsofPlan:
     quix_consumer: dict = field(default_factory=dict)  # the Quix peer's consumer settings beyond its own
 
 
-FULL = AsofPlan(customers=5000, without_rows=500, rate=2000, seconds=60, lateness_ms=1000, row_disorder_ms=800,
+# Full: about a million tuples, so each backlog replay drains for many of the progress samples
+# its sustained rate is cut from (every half second).
+FULL = AsofPlan(customers=10_000, without_rows=1_000, rate=4000, seconds=120, lateness_ms=1000, row_disorder_ms=800,
                 order_disorder_ms=100, partitions=12, workers=(1, 2))
 # Quick: a 3 s consumer session for the Quix peer (Tansu holds a group join for about half of it).
 QUICK = AsofPlan(customers=60, without_rows=10, rate=400, seconds=3, lateness_ms=500, row_disorder_ms=400,
