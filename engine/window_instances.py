@@ -22,11 +22,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from streamjoin.engine.block import KEY, TS, Block
+from streamjoin.engine.block import KEY, TS, WIN, Block
 from streamjoin.engine.result_ids import mix
 from streamjoin.engine.window_join import JoinPlan
 
-WIN = "_win"  # int64 column: the instance start of a copy
+__all__ = ["WIN", "instances", "mix_key", "assign", "instance_plan"]
 
 
 def instances(ts: np.ndarray, size_ms: int, slide_ms: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,6 +67,7 @@ def assign(block: Block, size_ms: int, slide_ms: int) -> Block:
 
 def instance_plan(plan: JoinPlan, size_ms: int) -> JoinPlan:
     """`plan` rewritten for copies made by `assign`: every stream a RANGE `size_ms` window with
-    WIN among its key fields, and keys re-checked (they are mixed hashes now)."""
+    WIN among its key fields, keys re-checked (they are mixed hashes now), and results naming
+    their instance (`instance_ms`)."""
     streams = tuple(replace(s, range_ms=size_ms, rows=None, key_fields=s.key_fields + (WIN,)) for s in plan.streams)
-    return replace(plan, streams=streams, exact_keys=False)
+    return replace(plan, streams=streams, exact_keys=False, instance_ms=size_ms)

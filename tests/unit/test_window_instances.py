@@ -2,9 +2,9 @@
 (engine/window_instances.py): `instances` against a brute-force enumeration, `assign` and
 `instance_plan` on their own, then the whole rewrite through `process_batch` against
 `reference_window_join`: random arrival orders, batch cuts, lateness and final watermarks,
-every result once, none missing or extra. Tumbling windows: every join type. Hopping windows:
-inner joins; outer, semi and anti rows are not yet decided per instance by the engine (the
-strict xfail below says why, and passes once they are)."""
+every result once, none missing or extra, for every join type, tumbling and hopping; outer,
+semi and anti rows decided per instance (a copy's match is its own); ids that name the
+instance."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from streamjoin.engine import window_instances
 from streamjoin.engine.block import KEY, PART, TS, Block, system_block
 from streamjoin.engine.reference import JOIN_TYPES, reference_window_join
-from streamjoin.engine.result_ids import ABSENT
+from streamjoin.engine.result_ids import ABSENT, RESULT_ID_HI, RESULT_ID_LO, WINDOW_START, result_ids
 from streamjoin.engine.window_instances import WIN, assign, instance_plan, instances, mix_key
 from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, empty_window, process_batch
 from tests.profiles import examples
@@ -194,20 +194,36 @@ def test_tumbling_window_joins_match_the_reference(case) -> None:
 
 
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(("inner",), hopping=True))
-def test_hopping_inner_joins_match_the_reference(case) -> None:
+@given(scenarios(JOIN_TYPES, hopping=True))
+def test_hopping_window_joins_match_the_reference(case) -> None:
     _check(case)
 
 
-@pytest.mark.xfail(strict=True, reason="the engine keeps a decided stream's matched rows by (partition, offset), "
-                                       "which a tuple's copies share: a match in one instance marks them all")
-@pytest.mark.parametrize("join_type, partner_ts", [("left", -1), ("anti", -1), ("semi", 0)])
-def test_hopping_rows_are_decided_per_instance(join_type: str, partner_ts: int) -> None:
+@pytest.mark.parametrize("join_type, partner_ts, results", [("left", -1, 2), ("anti", -1, 1), ("semi", 0, 2)])
+def test_hopping_rows_are_decided_per_instance(join_type: str, partner_ts: int, results: int) -> None:
     """W=2, S=1: 0 is in instances -1 and 0; a partner at -1 shares only -1 (left and anti: 0 is
     alone in instance 0), a partner at 0 shares both (semi: 0 comes out twice)."""
     case = (2, 1, 0, [Arrival(0, 0, 0, 0), Arrival(1, 0, partner_ts, 0)], [], join_type, 100)
     got, expected = _compare(*case)
     assert got == expected
+    assert len(got) == results
+
+
+def test_results_name_their_instance_and_their_ids_differ() -> None:
+    """The same pair in two hopping instances: two results, window_start their instances, two ids;
+    the ids are result_ids of the refs with the window start mixed in."""
+    streams = tuple(StreamPlan(f"s{i}", TOPICS[i], None, None, ("v",), ("k",)) for i in range(2))
+    plan = instance_plan(JoinPlan(streams, 0, exact_keys=True), 10)
+    window = empty_window(plan, [assign(_block([]), 10, 5)] * 2)
+    deltas = [assign(_block([Arrival(0, 1, 6, 0)]), 10, 5), assign(_block([Arrival(1, 1, 8, 0)]), 10, 5)]
+    res = process_batch(plan, window, deltas, now_ms=0).results
+    assert sorted(res[WINDOW_START].tolist()) == [0, 5]
+    assert len({(int(h), int(lo)) for h, lo in zip(res[RESULT_ID_HI], res[RESULT_ID_LO])}) == 2
+    refs = ([res["s0.partition"], res["s1.partition"]], [res["s0.offset"], res["s1.offset"]])
+    assert [x.tolist() for x in result_ids(TOPICS, *refs, res[WINDOW_START])] == \
+        [res[RESULT_ID_HI].tolist(), res[RESULT_ID_LO].tolist()]
+    plain = result_ids(TOPICS, *refs)
+    assert plain[0][0] == plain[0][1] and plain[0][0] != res[RESULT_ID_HI][0]
 
 
 def test_the_same_pair_in_two_hopping_instances_is_two_results() -> None:
