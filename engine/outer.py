@@ -123,12 +123,13 @@ def matched_refs(results: Block, stream: str) -> Block:
 
 
 def padded(names: tuple[str, ...], topics: tuple[str, ...], templates: list[Block], payloads: list[tuple[str, ...]],
-           side: int, rows: Block, now_ms: int) -> Block:
+           side: int, rows: Block, now_ms: int, window_ms: int = 0) -> Block:
     """Result rows of `rows` (tuples of stream `side`, with their system columns and payload)
     alone, the other member ABSENT: its partition and offset -1, its ts and fields filler
     (zeros of their types) that no writer reads. Columns in `assemble`'s order.
 
-    names, topics, payloads: per stream; templates: per stream an empty block of its columns."""
+    names, topics, payloads: per stream; templates: per stream an empty block of its columns;
+    window_ms: a window join's instance size (its rows carry WIN)."""
     n = len(rows)
     cols: dict[str, np.ndarray] = {}
     parts, offs = [], []
@@ -147,7 +148,7 @@ def padded(names: tuple[str, ...], topics: tuple[str, ...], templates: list[Bloc
         cols |= {f"{name}.{f}": v for f, v in fields.items()}
     cols[NEWEST_ARRIVAL] = np.asarray(rows[ARR], np.int64)
     # A window join's row is a copy: alone in its own instance, which its result names.
-    return Block(result_head(list(topics), parts, offs, rows[TS], now_ms, rows.columns.get(WIN)) | cols)
+    return Block(result_head(list(topics), parts, offs, rows[TS], now_ms, rows.columns.get(WIN), window_ms) | cols)
 
 
 def first_rows(results: Block, stream: str, payload: tuple[str, ...], fresh: np.ndarray) -> Block:

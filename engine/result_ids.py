@@ -33,7 +33,8 @@ RESULT_ID_HI, RESULT_ID_LO = "result_id_hi", "result_id_lo"  # block columns (ui
 # its id hashes them like any ref, so it differs from every combination's and is deterministic.
 ABSENT = -1
 EVENT_TIME, PRODUCED_MS = "event_time", "produced_ms"  # block columns (int64): T, and when it was produced
-WINDOW_START = "window_start"  # block column (int64) of window joins' results: the instance's start
+# Block columns (int64) of tumbling and hopping window joins' results: their instance [start, end).
+WINDOW_START, WINDOW_END = "window_start", "window_end"
 _UINT64 = np.uint64
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
@@ -100,13 +101,18 @@ def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets:
 
 
 def result_head(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray],
-                event_time: np.ndarray, now_ms: int, window_start: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                event_time: np.ndarray, now_ms: int, window_start: np.ndarray | None = None,
+                window_ms: int = 0) -> dict[str, np.ndarray]:
     """The columns every result block starts with: id halves, event time T, produced_ms, and for
-    a window join (`window_start` given) the instance start, which its id names too."""
+    a window join (`window_start` given; `window_ms` its instance size) the instance's start,
+    which its id names too, and end."""
     hi, lo = result_ids(topics, partitions, offsets, window_start)
     head = {RESULT_ID_HI: hi, RESULT_ID_LO: lo, EVENT_TIME: np.asarray(event_time, np.int64),
             PRODUCED_MS: np.full(len(hi), now_ms, dtype=np.int64)}
-    return head if window_start is None else head | {WINDOW_START: np.asarray(window_start, np.int64)}
+    if window_start is None:
+        return head
+    start = np.asarray(window_start, np.int64)
+    return head | {WINDOW_START: start, WINDOW_END: start + window_ms}
 
 
 def result_id_hex(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

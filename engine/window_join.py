@@ -192,7 +192,8 @@ def _unmatched(plan: JoinPlan, window: GroupWindow, side: int, expired: Block, n
 
 def _padded(plan: JoinPlan, window: GroupWindow, side: int, rows: Block, now_ms: int) -> Block:
     return padded(tuple(s.name for s in plan.streams), tuple(s.topic for s in plan.streams),
-                  [r.template for r in window.runs], [s.payload for s in plan.streams], side, rows, now_ms)
+                  [r.template for r in window.runs], [s.payload for s in plan.streams], side, rows, now_ms,
+                  plan.instance_ms or 0)
 
 
 def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block], idle: frozenset[int],
@@ -363,7 +364,7 @@ def assemble(plan: JoinPlan, sources: list[Block], combos: dict[int, np.ndarray]
     # Members of a window join's result are copies of one instance: the first's WIN names it.
     start = sources[0][WIN][combos[0]] if plan.instance_ms is not None else None
     head = result_head([s.topic for s in plan.streams], parts, offs,
-                       np.max(times, axis=0) if n else np.empty(0, np.int64), now_ms, start)
+                       np.max(times, axis=0) if n else np.empty(0, np.int64), now_ms, start, plan.instance_ms or 0)
     return Block(head | cols)
 
 
