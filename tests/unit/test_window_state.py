@@ -33,11 +33,11 @@ pytestmark = pytest.mark.unit
 FLOOR = 10**6  # the last batch's watermark floor: every open row decided
 
 
-def _job(tmp_path: Path, join_type: str, window: dict):
+def _job(tmp_path: Path, join_type: str, window: dict, **worker: object):
     streams = [{"name": n, "fields": {"k": "int", "ts": "int"}, "time_field": "ts", "key_fields": ["k"],
                 "window": window} for n in "rs"]
     return load(None, job="wj", streams=streams, join={"allowed_lateness_ms": 5, "type": join_type},
-                worker={"state_dir": str(tmp_path), "memory_bytes": 1 << 30})
+                worker={"state_dir": str(tmp_path), "memory_bytes": 1 << 30, **worker})
 
 
 def _buffers(job, batch: list[tuple[int, int, int]], offsets: list[int]) -> dict[int, RecordBuffer]:
@@ -69,6 +69,7 @@ def _run(job, db: Path, batches: list, restart_at: set[int], log: _Log | None = 
         tx = store.rocksdb.transaction()
         store.stage(tx, GROUP, done.state, done.appended, done.marks)
         tx.commit()
+        store.keep_budget(0)  # a budget of a byte (deferred spill): every batch's window is pushed
         if log is not None:
             done.state.logged_at(log.commit(tx.writes), len(log.records))
         res = done.results
@@ -129,6 +130,18 @@ def test_restarts_and_moves_emit_the_reference(tmp_path: Path, join_type: str, w
         moved, _, _, store = _run(job, tmp_path / f"c{seed}", batches, restarts, _Log())
         store.rocksdb.close()
         assert sorted(restarted) == sorted(straight) == sorted(moved)
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=["tumbling", "hopping"])
+def test_deferred_spill_cleans_up_to_the_reference(tmp_path: Path, window: dict) -> None:
+    """Every batch's window pushed as a generation of copies: the clean-ups' results and the
+    run's together are the reference's, with a restart from disk in the middle."""
+    job = _job(tmp_path, "inner", window, memory_bytes=1, spill={"mode": "deferred", "push_fraction": 1.0})
+    batches = _batches(5, 30)
+    emitted, dead, _, store = _run(job, tmp_path / "db", batches, {12})
+    assert store.pushes > 10 and not store.get(GROUP).checkpoint.generations
+    store.rocksdb.close()
+    assert len(set(emitted)) == len(emitted) and set(emitted) == _expected(job, batches, dead)
 
 
 def test_late_records_are_dead_letters_once_and_counts_see_source_tuples(tmp_path: Path) -> None:
