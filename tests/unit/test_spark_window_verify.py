@@ -1,7 +1,8 @@
 """Spark verify of tumbling and hopping window joins: the hash worker's own results (its batch
-function), written as JSON and Avro records, decode with their window_start, pass the id check
-(which mixes the window start in), and compare exactly with the window oracle keyed by refs
-and window_start; a record moved to another instance fails both."""
+function, restarted from disk midway), written as JSON and Avro records, decode with their
+window_start, pass the id check (which mixes the window start in), and compare exactly with
+the window oracle keyed by refs and window_start; a record moved to another instance fails
+both."""
 
 from __future__ import annotations
 
@@ -26,10 +27,14 @@ from tests.unit.test_window_state import FLOOR, _buffers
 pytestmark = pytest.mark.spark
 
 
-def _job(tmp_path, output: str):
+CASES = [({"hopping_ms": 40, "slide_ms": 15}, "full", "json"), ({"hopping_ms": 40, "slide_ms": 15}, "full", "avro"),
+         ({"tumbling_ms": 30}, "inner", "json"), ({"hopping_ms": 45, "slide_ms": 20}, "anti", "avro")]
+
+
+def _job(tmp_path, window: dict, join_type: str, output: str):
     streams = [{"name": n, "fields": {"k": "int", "ts": "int"}, "time_field": "ts", "key_fields": ["k"],
-                "window": {"hopping_ms": 40, "slide_ms": 15}} for n in "rs"]
-    return load(None, job="wj", streams=streams, join={"allowed_lateness_ms": 5, "type": "full"},
+                "window": window} for n in "rs"]
+    return load(None, job="wj", streams=streams, join={"allowed_lateness_ms": 5, "type": join_type},
                 worker={"state_dir": str(tmp_path), "memory_bytes": 1 << 30}, output={"format": output})
 
 
@@ -41,10 +46,16 @@ def _engine(job, tmp_path):
     batches, offsets, results, dead = _batches(3, 25), [0, 0], [], []
     inputs: list[list[tuple]] = [[], []]
     for n, batch in enumerate(batches + [[]]):
+        if n == 12:  # a restart: the window, copies and marks, read back from disk
+            store.rocksdb.close()
+            store = group_store(job, plan, Store(tmp_path / "db"), stream_templates(job))
         for stream, key, ts in batch:  # offsets are handed out in arrival order, per stream
             inputs[stream].append((GROUP, len(inputs[stream]), key, ts, GROUP))
         (done,) = run_cycle(job, plan, store, _buffers(job, batch, offsets), [routing_for(job, job.partitions)] * 2,
                             now_ms=0, extra=[GROUP], floors={GROUP: FLOOR} if n == len(batches) else None)
+        tx = store.rocksdb.transaction()
+        store.stage(tx, GROUP, done.state, done.appended, done.marks)
+        tx.commit()
         results.append(done.results)
         dead += done.dead
     store.rocksdb.close()
@@ -52,17 +63,20 @@ def _engine(job, tmp_path):
     return concat(results), inputs
 
 
-@pytest.mark.parametrize("output", ["json", "avro"])
-def test_worker_results_verify_exactly_and_a_moved_one_does_not(spark, tmp_path, output: str) -> None:
-    job = _job(tmp_path, output)
+@pytest.mark.parametrize("window, join_type, output", CASES, ids=["hopping-full-json", "hopping-full-avro",
+                                                                 "tumbling-inner-json", "hopping-anti-avro"])
+def test_worker_results_verify_exactly_and_a_moved_one_does_not(spark, tmp_path, window: dict, join_type: str,
+                                                                 output: str) -> None:
+    job = _job(tmp_path, window, join_type, output)
+    size, slide = job.window_instance
     block, inputs = _engine(job, tmp_path)
     layout = result_layout(job)
     values = (encode_json if output == "json" else encode_avro)(layout, block)
-    assert len(values) > 20
+    assert len(values) > 10
     if output == "json":  # one result moved to the next instance, its end with it: a valid record, a wrong id
         moved = json.loads(values[0])
-        moved["window_start"] += 15
-        moved["window_end"] += 15
+        moved["window_start"] += slide
+        moved["window_end"] += slide
         values = [json.dumps(moved, separators=(",", ":")).encode(), *values[1:]]
     raw = spark.createDataFrame([(v,) for v in values], "value binary")
     decoded = decode_results(raw, job).cache()
@@ -70,7 +84,7 @@ def test_worker_results_verify_exactly_and_a_moved_one_does_not(spark, tmp_path,
     bad_ids = decoded.filter(~decoded[ID_OK]).count()
     frames = [spark.createDataFrame(rows, "partition int, offset long, key long, ts long, group int") for rows in inputs]
     marks = spark.createDataFrame([(GROUP, FLOOR)], "group int, watermark long")
-    expected = expected_window_join(frames, 40, 15, "full", marks)
+    expected = expected_window_join(frames, size, slide, join_type, marks)
     diff = compare(expected, actual_refs(decoded, ["r", "s"], windowed=True), 2, windowed=True)
     if output == "json":
         assert bad_ids == 1 and diff["missing"] == 1 and diff["extra"] == 1
