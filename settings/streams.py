@@ -11,6 +11,10 @@ from streamjoin.settings.base import StrictModel
 
 FieldType = Literal["int", "float", "str", "bool", "bytes"]
 HASH_KEY_TYPES = ("int", "str", "bool")
+# A hopping window holds every tuple once per instance it is in (hopping_ms / slide_ms, rounded up).
+MAX_INSTANCES_PER_TUPLE = 1000
+# Instance sizes and slides, in ms (about 34 years): instance arithmetic on epoch times stays far inside int64.
+MAX_INSTANCE_MS = 1 << 40
 
 
 class WindowSpec(StrictModel):
@@ -26,19 +30,20 @@ class WindowSpec(StrictModel):
         description="a count (ROWS) window, per key: a tuple is in its window while fewer than this many newer "
                     "tuples of its stream share its key")
     tumbling_ms: int | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, le=MAX_INSTANCE_MS,
         description="a tumbling window, in ms: instances [k * tumbling_ms, (k + 1) * tumbling_ms); a result is a "
                     "combination of tuples in one instance, emitted with its window_start and window_end. Every "
                     "stream of the job needs the same one (hash mode)")
     hopping_ms: int | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, le=MAX_INSTANCE_MS,
         description="a hopping window, in ms, with slide_ms: instances [k * slide_ms, k * slide_ms + hopping_ms); "
                     "a tuple is in about hopping_ms / slide_ms of them, and a combination is a result of each "
                     "instance holding all its members. Every stream of the job needs the same one (hash mode)")
     slide_ms: int | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, le=MAX_INSTANCE_MS,
         description="hopping windows only: how far each instance starts after the previous one, in ms "
-                    "(0 < slide_ms <= hopping_ms; equal to hopping_ms: tumbling)")
+                    f"(0 < slide_ms <= hopping_ms; equal to hopping_ms: tumbling). A tuple is held once per "
+                    f"instance, so hopping_ms / slide_ms may be at most {MAX_INSTANCES_PER_TUPLE}")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "WindowSpec":
@@ -48,9 +53,16 @@ class WindowSpec(StrictModel):
                              f"hopping_ms with slide_ms (window instances), got {kinds or 'none'}")
         if (self.slide_ms is None) != (self.hopping_ms is None):
             raise ValueError("slide_ms goes with hopping_ms, and hopping_ms needs a slide_ms")
-        if self.hopping_ms is not None and self.slide_ms > self.hopping_ms:  # type: ignore[operator]
-            raise ValueError(f"slide_ms ({self.slide_ms}) must not exceed hopping_ms ({self.hopping_ms}): "
-                             "instances would leave gaps no tuple belongs to")
+        size, slide = self.hopping_ms, self.slide_ms
+        if size is None or slide is None:
+            return self
+        if slide > size:
+            raise ValueError(f"slide_ms ({slide}) must not exceed hopping_ms ({size}): instances would leave gaps "
+                             "no tuple belongs to")
+        if -(-size // slide) > MAX_INSTANCES_PER_TUPLE:
+            raise ValueError(f"slide_ms ({slide}) puts each tuple in more than {MAX_INSTANCES_PER_TUPLE} instances of "
+                             f"hopping_ms ({size}); every tuple is held once per instance: give a slide of at least "
+                             f"hopping_ms / {MAX_INSTANCES_PER_TUPLE}")
         return self
 
     @property

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from streamjoin.engine import window_instances
 from streamjoin.engine.block import KEY, PART, TS, Block, system_block
 from streamjoin.engine.reference import JOIN_TYPES, reference_window_join
-from streamjoin.engine.result_ids import ABSENT, RESULT_ID_HI, RESULT_ID_LO, WINDOW_START, result_ids
+from streamjoin.engine.result_ids import ABSENT, RESULT_ID_HI, RESULT_ID_LO, WINDOW_END, WINDOW_START, result_ids
 from streamjoin.engine.window_instances import WIN, assign, instance_plan, instances, mix_key
 from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, empty_window, process_batch
 from tests.profiles import examples
@@ -139,18 +139,20 @@ def run_window_join(size: int, slide: int, lateness: int, arrivals: list[Arrival
     for batch, floor in steps:
         deltas = [assign(_block([x for x in batch if x.stream == i]), size, slide) for i in range(2)]
         out = process_batch(plan, window, deltas, now_ms=0, floor=floor)
+        assert (out.results[WINDOW_END] - out.results[WINDOW_START] == size).all()
         emitted += _results(out.results)
         late |= {(TOPICS[i], int(p), int(o)) for i, lb in enumerate(out.late) for p, o in zip(lb[PART], lb["_off"])}
     return emitted, late, window.watermark
 
 
 def _results(res: Block) -> list[tuple]:
-    """(instance start, ref 0, ref 1) per result: the start read from its present members' WIN."""
+    """(instance start, ref 0, ref 1) per result: the start read from its present members' WIN,
+    which the result's window_start names, and its window_end that start + the size."""
     out = []
     for r in range(len(res)):
         refs = tuple((TOPICS[i], int(res[f"s{i}.partition"][r]), int(res[f"s{i}.offset"][r])) for i in range(2))
         starts = {int(res[f"s{i}.{WIN}"][r]) for i in range(2) if refs[i][1] != ABSENT}
-        assert len(starts) == 1, f"members of one result in different instances: {refs} {starts}"
+        assert starts == {int(res[WINDOW_START][r])}, f"members of one result in different instances: {refs} {starts}"
         out.append((starts.pop(), *refs))
     return out
 

@@ -35,6 +35,8 @@ def _windows(*windows: dict):
     ((HOPPING, {"hopping_ms": 1000, "slide_ms": 0}), "streams.1.window.slide_ms", "greater than 0"),
     (({"tumbling_ms": -5}, {"tumbling_ms": 1000}), "streams.0.window.tumbling_ms", "greater than 0"),
     (({}, {"tumbling_ms": 1000}), "streams.0.window", "got none"),
+    (({"hopping_ms": 10**6, "slide_ms": 999}, {"tumbling_ms": 1000}), "streams.0.window", "more than 1000 instances"),
+    (({"tumbling_ms": 1 << 50}, {"tumbling_ms": 1000}), "streams.0.window.tumbling_ms", "less than or equal"),
     ((HOPPING, {"hopping_ms": 1000, "slide_ms": 250}), "streams.1.window", "the same window on every stream"),
     (({"tumbling_ms": 1000}, {"range_ms": 1000}), "streams.1.window", "the same window on every stream"),
 ])
