@@ -18,7 +18,7 @@ beside the inner join's on the same topics, the delay of unmatched rows past
 their deadline, and Spark's left outer join as the peer (bench/left_join.py).
 Rows are decided only once the window has passed them, so that run has its
 own window: the full run's 60 s (at 2000 tuples/s per stream for 90 s), the
-quick run's own 2 s (500 tuples/s for 9 s: rows are decided from 4 s of event
+quick run's own 2 s (500 tuples/s for 6 s: rows are decided from 4 s of event
 time on, window plus lateness, and Spark's left join needs batches after that
 to emit its null rows).
 
@@ -70,7 +70,7 @@ FULL = Plan(window_ms=600_000, partitions=60, workers=(1, 2),
 # still makes the few batches its sustained rate needs.
 QUICK = Plan(window_ms=10_000, partitions=4, workers=(1,), steps=(ours.Step(500, 2), ours.Step(1000, 2)),
              consume_repeats=1, reference_repeats=1, spark_files_per_trigger=8,
-             left=left_join.LeftPlan(window_ms=2_000, rate=500, seconds=9, spark_files_per_trigger=8),
+             left=left_join.LeftPlan(window_ms=2_000, rate=500, seconds=6, spark_files_per_trigger=8),
              quix_consumer={"session.timeout.ms": 3_000, "heartbeat.interval.ms": 500})
 
 

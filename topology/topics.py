@@ -340,6 +340,13 @@ def _retention_findings(job: JobSettings, t: TopicPlan, seen: Observed) -> list[
     window = next(s.window for s in job.streams if s.name == t.stream)
     if retention == KEEP_FOREVER:
         return []
+    if window is None:  # an as-of join: its table's versions are read from the start on a first start
+        if t.stream != job.join.table:
+            return []
+        return [Finding("warning", t.name, t.role, "retention.ms",
+                        f"retention.ms={retention} on an as-of join's table: a row not updated for that long is "
+                        "deleted from the topic, and a group rebuilt from it would not know it (compact the topic, "
+                        "cleanup.policy=compact, or keep it forever)")]
     if window.span_ms is None:
         return [Finding("warning", t.name, t.role, "retention.ms",
                         f"retention.ms={retention} with a count window ({window.rows} rows): a rare key's rows "

@@ -328,10 +328,10 @@ def test_twenty_overlapping_queries_are_each_exact(tmp_path: Path) -> None:
                     "sql": random_query(rng), "sink": f"sink-{n}", "region": rng.choice(["east", "west"]),
                     "lifetime_s": None})
                 ids.append(view["id"])
-                time.sleep(1.0)
+                time.sleep(0.5)
                 if n in (4, 8, 12, 15, 18):  # drop an older query: its operator narrows or retires
                     service.call("DELETE", f"/queries/{ids[n - 3]}")
-            time.sleep(5)
+            time.sleep(3)
             stop.set()
             feeder.join(30)
             wait_routed(job, broker.bootstrap, work_dir)

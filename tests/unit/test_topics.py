@@ -430,3 +430,11 @@ def test_by_key_retention_is_checked_in_hash_mode_only() -> None:
     ring = ring_job().model_dump(include={"job", "partitions", "streams", "join"})
     ring["streams"][0]["window"] = week_window
     assert load(None, **ring).topics.for_role("by_key").config["retention.ms"] == str(7 * DAY)
+
+
+def test_an_asof_joins_table_warns_on_finite_retention_and_its_stream_does_not() -> None:
+    job = hash_job(window=None, join={"table": "s"})
+    assert found(topics.audit(healthy(job), job)) == {  # type: ignore[arg-type]
+        ("warning", t, "retention.ms") for t in ("t.s", "t.s.by-key")}
+    admin = _topic(_topic(healthy(job), "t.s", retention_ms="-1"), "t.s.by-key", retention_ms="-1")
+    assert topics.audit(admin, job).findings == []  # type: ignore[arg-type]
