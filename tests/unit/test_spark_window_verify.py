@@ -27,8 +27,8 @@ from tests.unit.test_window_state import FLOOR, _buffers
 pytestmark = pytest.mark.spark
 
 
-CASES = [({"hopping_ms": 40, "slide_ms": 15}, "full", "json"), ({"hopping_ms": 40, "slide_ms": 15}, "full", "avro"),
-         ({"tumbling_ms": 30}, "inner", "json"), ({"hopping_ms": 45, "slide_ms": 20}, "anti", "avro")]
+CASES = [({"hopping_ms": 40, "slide_ms": 15}, "full", "json"), ({"tumbling_ms": 30}, "inner", "json"),
+         ({"hopping_ms": 45, "slide_ms": 20}, "anti", "avro")]
 
 
 def _job(tmp_path, window: dict, join_type: str, output: str):
@@ -63,8 +63,8 @@ def _engine(job, tmp_path):
     return concat(results), inputs
 
 
-@pytest.mark.parametrize("window, join_type, output", CASES, ids=["hopping-full-json", "hopping-full-avro",
-                                                                 "tumbling-inner-json", "hopping-anti-avro"])
+@pytest.mark.parametrize("window, join_type, output", CASES, ids=["hopping-full-json", "tumbling-inner-json",
+                                                                 "hopping-anti-avro"])
 def test_worker_results_verify_exactly_and_a_moved_one_does_not(spark, tmp_path, window: dict, join_type: str,
                                                                  output: str) -> None:
     job = _job(tmp_path, window, join_type, output)

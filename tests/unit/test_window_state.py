@@ -113,8 +113,11 @@ def _expected(job, batches: list, dead: list[tuple[int, int, int]]) -> set[tuple
 WINDOWS = [{"tumbling_ms": 30}, {"hopping_ms": 40, "slide_ms": 15}]
 
 
-@pytest.mark.parametrize("window", WINDOWS, ids=["tumbling", "hopping"])
-@pytest.mark.parametrize("join_type", ["inner", "left", "full", "semi", "anti"])
+# Every join type once, hopping for those whose rows are decided per instance (the engine's
+# property tests cover every type with both windows; this is about state surviving restarts).
+@pytest.mark.parametrize("window, join_type", [(WINDOWS[0], "inner"), (WINDOWS[0], "semi"), (WINDOWS[1], "left"),
+                                               (WINDOWS[1], "full"), (WINDOWS[1], "anti")],
+                         ids=["tumbling-inner", "tumbling-semi", "hopping-left", "hopping-full", "hopping-anti"])
 def test_restarts_and_moves_emit_the_reference(tmp_path: Path, join_type: str, window: dict) -> None:
     for seed in range(2):
         job = _job(tmp_path, join_type, window)
