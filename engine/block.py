@@ -7,6 +7,8 @@ System columns every stream block carries (payload fields sit beside them):
   PART int32   source partition (= partition group)
   OFF  int64   source offset
   ARR  int64   wall-clock arrival, epoch ms (the Kafka record timestamp)
+Tumbling and hopping window joins add one (engine/window_instances.py):
+  WIN  int64   the start of the window instance a tuple's copy belongs to
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 KEY, TS, PART, OFF, ARR = "_key", "_ts", "_part", "_off", "_arr"
 SYSTEM_COLUMNS = (KEY, TS, PART, OFF, ARR)
+WIN = "_win"  # window joins only: a copy's instance start; stored in blocks, so the name is part of the format
 _SYSTEM_DTYPES = {KEY: np.int64, TS: np.int64, PART: np.int32, OFF: np.int64, ARR: np.int64}
 
 

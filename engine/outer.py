@@ -16,6 +16,10 @@ the watermark, which has passed its T). So:
 The matched rows are kept per decided stream as a set of tuple refs
 (partition, offset); a batch's newly matched refs are what the state layer
 stores beside its window blocks, so the set survives recovery and migration.
+A tumbling or hopping window join (engine/window_instances.py) runs on copies
+of each tuple, one per window instance, which share its ref: there a row is a
+copy, its ref (partition, offset, instance start), so a match in one instance
+decides nothing in another; its marks carry the instance start (WIN) too.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamjoin.engine.block import ARR, OFF, PART, TS, Block
-from streamjoin.engine.result_ids import ABSENT, result_head
+from streamjoin.engine.block import ARR, OFF, PART, TS, WIN, Block
+from streamjoin.engine.result_ids import ABSENT, WINDOW_START, result_head
 
 # Per join type (settings: join.type), the streams whose rows the join emits alone.
 DECIDED = {"inner": (), "left": (0,), "semi": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}
@@ -39,12 +43,22 @@ def optional_streams(join_type: str, streams: int) -> tuple[bool, ...]:
     return tuple(any(d != i for d in decided) for i in range(streams))
 
 
-def ref_keys(partitions: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """One 16-byte value per tuple ref (partition, offset): equal refs, equal values. Two int64
-    do not pack into one losslessly (tuple offsets use 63 bits), so the pair is compared as bytes."""
-    pairs = np.empty((len(offsets), 2), np.int64)
-    pairs[:, 0], pairs[:, 1] = partitions, offsets
-    return pairs.view("V16").ravel()
+def ref_keys(partitions: np.ndarray, offsets: np.ndarray, starts: np.ndarray | None = None) -> np.ndarray:
+    """One 16-byte value per tuple ref (partition, offset), or 24-byte per copy ref (partition,
+    offset, instance start) when `starts` is given (window joins): equal refs, equal values.
+    Two int64 do not pack into one losslessly (tuple offsets use 63 bits), so refs are compared
+    as bytes."""
+    width = 2 if starts is None else 3
+    refs = np.empty((len(offsets), width), np.int64)
+    refs[:, 0], refs[:, 1] = partitions, offsets
+    if starts is not None:
+        refs[:, 2] = starts
+    return refs.view(f"V{8 * width}").ravel()
+
+
+def block_ref_keys(block: Block) -> np.ndarray:
+    """`ref_keys` of a block of tuples, marks or expired rows: per copy where it carries WIN."""
+    return ref_keys(block[PART], block[OFF], block.columns.get(WIN))
 
 
 @dataclass
@@ -76,7 +90,8 @@ class MatchedRefs:
         fresh[first] = True
         fresh &= ~self.contains(keys)
         if fresh.any():
-            merged_keys = np.concatenate([self.keys, keys[fresh]])
+            # An empty set takes the refs' width (16 bytes per tuple ref, 24 per copy ref).
+            merged_keys = np.concatenate([self.keys, keys[fresh]]) if len(self.keys) else keys[fresh]
             order = np.argsort(merged_keys, kind="stable")
             self.keys, self.ts = merged_keys[order], np.concatenate([self.ts, ts[fresh]])[order]
         return fresh
@@ -96,20 +111,25 @@ class MatchedRefs:
             self.keys, self.ts, self.stale = self.keys[keep], self.ts[keep], 0
 
 
-def matched_refs(results: Block, stream: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(partitions, offsets, event times) of `stream`'s members in a result block, absent ones left out."""
-    part, off, ts = results[f"{stream}.partition"], results[f"{stream}.offset"], results[f"{stream}.ts"]
+def matched_refs(results: Block, stream: str) -> Block:
+    """`stream`'s members in a result block, absent ones left out, as marks: PART, OFF, TS, and
+    WIN (the result's instance start) for a window join's results."""
+    part = results[f"{stream}.partition"]
     present = part != ABSENT
-    return part[present], off[present], ts[present]
+    cols = {PART: part, OFF: results[f"{stream}.offset"], TS: results[f"{stream}.ts"]}
+    if WINDOW_START in results.columns:
+        cols[WIN] = results[WINDOW_START]
+    return Block({k: v[present] for k, v in cols.items()})
 
 
 def padded(names: tuple[str, ...], topics: tuple[str, ...], templates: list[Block], payloads: list[tuple[str, ...]],
-           side: int, rows: Block, now_ms: int) -> Block:
+           side: int, rows: Block, now_ms: int, window_ms: int = 0) -> Block:
     """Result rows of `rows` (tuples of stream `side`, with their system columns and payload)
     alone, the other member ABSENT: its partition and offset -1, its ts and fields filler
     (zeros of their types) that no writer reads. Columns in `assemble`'s order.
 
-    names, topics, payloads: per stream; templates: per stream an empty block of its columns."""
+    names, topics, payloads: per stream; templates: per stream an empty block of its columns;
+    window_ms: a window join's instance size (its rows carry WIN)."""
     n = len(rows)
     cols: dict[str, np.ndarray] = {}
     parts, offs = [], []
@@ -127,12 +147,17 @@ def padded(names: tuple[str, ...], topics: tuple[str, ...], templates: list[Bloc
         cols |= {f"{name}.partition": part, f"{name}.offset": off, f"{name}.ts": ts}
         cols |= {f"{name}.{f}": v for f, v in fields.items()}
     cols[NEWEST_ARRIVAL] = np.asarray(rows[ARR], np.int64)
-    return Block(result_head(list(topics), parts, offs, rows[TS], now_ms) | cols)
+    # A window join's row is a copy: alone in its own instance, which its result names.
+    return Block(result_head(list(topics), parts, offs, rows[TS], now_ms, rows.columns.get(WIN), window_ms) | cols)
 
 
 def first_rows(results: Block, stream: str, payload: tuple[str, ...], fresh: np.ndarray) -> Block:
     """`stream`'s members of the results marked `fresh` (each a row's first match), as a block of
-    that stream's system columns and payload; the arrival is the result's newest (the match's)."""
-    taken = {f: results[f"{stream}.{f}"][fresh] for f in payload}
-    return Block({PART: results[f"{stream}.partition"][fresh], OFF: results[f"{stream}.offset"][fresh],
-                  TS: results[f"{stream}.ts"][fresh], ARR: results[NEWEST_ARRIVAL][fresh]} | taken)
+    that stream's system columns and payload (and WIN, a window join's instance start); the
+    arrival is the result's newest (the match's). `fresh` indexes `stream`'s present members."""
+    present = results[f"{stream}.partition"] != ABSENT
+    rows = results.filter(present).filter(fresh)
+    taken = {f: rows[f"{stream}.{f}"] for f in payload}
+    window = {WIN: rows[WINDOW_START]} if WINDOW_START in rows.columns else {}
+    return Block({PART: rows[f"{stream}.partition"], OFF: rows[f"{stream}.offset"], TS: rows[f"{stream}.ts"],
+                  ARR: rows[NEWEST_ARRIVAL]} | window | taken)

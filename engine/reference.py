@@ -16,6 +16,8 @@ Count-window results are final only once the watermark of their partition
 group has passed T; `final_watermark` bounds them (None = everything is final).
 A result's group is its key's: `group_of` its first member (by default the
 member's partition, which is its group when the inputs are co-partitioned).
+Tumbling and hopping window joins (`reference_window_join`) state their own
+contract: combinations within one window instance, per instance.
 """
 
 from __future__ import annotations
@@ -144,6 +146,75 @@ def reference_outer_join(
             other = _absent((topics[1 - side], 0, 0))
             out.add((t.ref, other) if side == 0 else (other, t.ref))
     return out
+
+
+# ------------------------------------------------- tumbling and hopping window joins
+
+def window_starts(ts: int, size_ms: int, slide_ms: int) -> list[int]:
+    """The starts s = k * slide of the instances [s, s + size) holding time `ts`, ascending."""
+    start, out = (ts // slide_ms) * slide_ms, []
+    while start > ts - size_ms:
+        out.append(start)
+        start -= slide_ms
+    return out[::-1]
+
+
+def reference_window_join(
+    streams: Sequence[Sequence[RefTuple]],
+    size_ms: int,
+    slide_ms: int,
+    join_type: str,
+    topics: Sequence[str],
+    watermark: Mapping[int, int] | None = None,
+    group_of: Callable[[RefTuple], int] = lambda t: t.ref[1],
+) -> set[tuple[int | TupleRef, ...]]:
+    """The results of a tumbling (slide == size) or hopping (slide < size) window join, each
+    as (instance start, ref of stream 0, ref of stream 1, ...); a member a row lacks is
+    (its stream's topic, ABSENT_REF, ABSENT_REF).
+
+    Instances are [s, s + size) for s every multiple of `slide_ms`; a tuple is in each one
+    holding its time. inner (any number of streams): every combination of same-key tuples,
+    one per stream, all in one instance, once per instance holding them all. left/right/full
+    (2 streams): those, and per instance each row of the first / second / both streams with
+    no partner in it, once its group's watermark decides it (watermark >= ts + size: the rule
+    of the sliding window the engine runs, not the instance's end). semi: each row of the
+    first stream once per instance in which it has a partner; anti: each decided row of the
+    first stream once per instance in which it has none. `watermark`: group -> its final
+    watermark, a group without one deciding nothing (None: every row decided)."""
+    assert join_type in JOIN_TYPES and (join_type == "inner" or len(streams) == 2)
+    cells: list[dict[tuple[Hashable, int], list[RefTuple]]] = []  # per stream: (key, start) -> tuples
+    for stream in streams:
+        cell: dict[tuple[Hashable, int], list[RefTuple]] = {}
+        for t in stream:
+            for start in window_starts(t.ts, size_ms, slide_ms):
+                cell.setdefault((t.key, start), []).append(t)
+        cells.append(cell)
+    shared = set.intersection(*(set(c) for c in cells)) if cells else set()
+    out: set[tuple[int | TupleRef, ...]] = set()
+    if join_type not in ("semi", "anti"):
+        for key, start in shared:
+            for combo in itertools.product(*(c[(key, start)] for c in cells)):
+                out.add((start, *(t.ref for t in combo)))
+    for side in DECIDED[join_type]:
+        other = _absent((topics[1 - side], 0, 0))
+        for cell, members in cells[side].items():
+            # semi: the rows with a partner in the instance (at once: eager); the others: those without.
+            if (cell in shared) != (join_type == "semi"):
+                continue
+            for t in members:
+                if join_type == "semi" or _window_decided(t, size_ms, watermark, group_of):
+                    out.add((cell[1], t.ref, other) if side == 0 else (cell[1], other, t.ref))
+    return out
+
+
+def _window_decided(t: RefTuple, size_ms: int, watermark: Mapping[int, int] | None,
+                    group_of: Callable[[RefTuple], int]) -> bool:
+    """Whether a copy of `t` alone in its instance is decided: no watermark given, or its
+    group's is at least ts + size (a group without one decides nothing)."""
+    if watermark is None:
+        return True
+    wm = watermark.get(group_of(t))
+    return wm is not None and wm >= t.ts + size_ms
 
 
 # ------------------------------------------------------------- as-of joins (stream to table)

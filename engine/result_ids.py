@@ -11,7 +11,10 @@ independent 64-bit hashes of the same refs, `hi` and `lo`, each
   lo: seed 0x84222325cbf29ce4, t = FNV-1a 64 of "\\x01" + topic, f = MurmurHash3's fmix64 after
       adding 0xd6e8feb86659fd93
 (all arithmetic mod 2**64). Anyone can recompute an id from a result's input
-refs (the Spark verifier does); its text form is `hi` then `lo` as 32
+refs (the Spark verifier does). A tumbling or hopping window join's result also
+names its window instance: after the streams, each half takes one more round with
+the instance start s (int64 bits),  h = f(h ^ s),  so the same members in two
+overlapping instances have two ids. Its text form is `hi` then `lo` as 32
 lower-case hex digits (`result_id_hex`). A member a result lacks (outer, semi
 and anti joins) has partition and offset ABSENT (-1), hashed the same way.
 """
@@ -30,6 +33,8 @@ RESULT_ID_HI, RESULT_ID_LO = "result_id_hi", "result_id_lo"  # block columns (ui
 # its id hashes them like any ref, so it differs from every combination's and is deterministic.
 ABSENT = -1
 EVENT_TIME, PRODUCED_MS = "event_time", "produced_ms"  # block columns (int64): T, and when it was produced
+# Block columns (int64) of tumbling and hopping window joins' results: their instance [start, end).
+WINDOW_START, WINDOW_END = "window_start", "window_end"
 _UINT64 = np.uint64
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
@@ -78,24 +83,36 @@ def _refs(columns: Sequence[np.ndarray], rows: int) -> np.ndarray:
     return refs.view(_UINT64)
 
 
-def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray],
-               offsets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(hi, lo) uint64 halves of each result's id; `partitions[i]`, `offsets[i]` are stream i's refs.
+def result_ids(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray],
+               window_start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) uint64 halves of each result's id; `partitions[i]`, `offsets[i]` are stream i's refs;
+    `window_start`: each result's instance start (window joins; None: a sliding-window join).
     Both halves are one numba loop each (engine/hash_kernels.id_half)."""
     rows = len(offsets[0]) if len(offsets) else 0
     parts, offs = _refs(partitions, rows), _refs(offsets, rows)
     hi_topics = np.array([fnv1a64(t) for t in topics], _UINT64)
     lo_topics = np.array([fnv1a64("\x01" + t) for t in topics], _UINT64)
-    return (hash_kernels.id_half(_UINT64(_FNV_OFFSET), hi_topics, _MIX, parts, offs),
-            hash_kernels.id_half(_UINT64(_LO_SEED), lo_topics, _FMIX, parts, offs))
+    hi = hash_kernels.id_half(_UINT64(_FNV_OFFSET), hi_topics, _MIX, parts, offs)
+    lo = hash_kernels.id_half(_UINT64(_LO_SEED), lo_topics, _FMIX, parts, offs)
+    if window_start is None:
+        return hi, lo
+    start = np.asarray(window_start, np.int64).view(_UINT64)
+    return mix(hi ^ start), fmix(lo ^ start)
 
 
 def result_head(topics: Sequence[str], partitions: Sequence[np.ndarray], offsets: Sequence[np.ndarray],
-                event_time: np.ndarray, now_ms: int) -> dict[str, np.ndarray]:
-    """The columns every result block starts with: id halves, event time T, produced_ms."""
-    hi, lo = result_ids(topics, partitions, offsets)
-    return {RESULT_ID_HI: hi, RESULT_ID_LO: lo, EVENT_TIME: np.asarray(event_time, np.int64),
+                event_time: np.ndarray, now_ms: int, window_start: np.ndarray | None = None,
+                window_ms: int = 0) -> dict[str, np.ndarray]:
+    """The columns every result block starts with: id halves, event time T, produced_ms, and for
+    a window join (`window_start` given; `window_ms` its instance size) the instance's start,
+    which its id names too, and end."""
+    hi, lo = result_ids(topics, partitions, offsets, window_start)
+    head = {RESULT_ID_HI: hi, RESULT_ID_LO: lo, EVENT_TIME: np.asarray(event_time, np.int64),
             PRODUCED_MS: np.full(len(hi), now_ms, dtype=np.int64)}
+    if window_start is None:
+        return head
+    start = np.asarray(window_start, np.int64)
+    return head | {WINDOW_START: start, WINDOW_END: start + window_ms}
 
 
 def result_id_hex(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

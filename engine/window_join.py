@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamjoin.engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, Block, concat
+from streamjoin.engine.block import KEY, OFF, PART, SYSTEM_COLUMNS, TS, WIN, Block, concat
 from streamjoin.engine.lateness import NO_TIME, late_in_batch
-from streamjoin.engine.outer import DECIDED, NEWEST_ARRIVAL, MatchedRefs, first_rows, matched_refs, padded, ref_keys
+from streamjoin.engine.outer import (DECIDED, NEWEST_ARRIVAL, MatchedRefs, block_ref_keys, first_rows, matched_refs,
+                                     padded)
 from streamjoin.engine.probe import TimeIndex, expand_ranges, key_ranges, sort_by_key_time
 from streamjoin.engine.result_ids import result_head
 from streamjoin.engine.runs import SortedRuns
-
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,9 @@ class JoinPlan:
     lateness_ms: int
     exact_keys: bool  # False: keys are hashes, so matches are re-checked on the key fields
     join_type: str = "inner"  # engine/outer.py: inner | left | right | full | semi | anti
+    # Tumbling and hopping window joins: the instance size W; the streams hold copies of tuples,
+    # one per instance (engine/window_instances.py), and results name their instance.
+    instance_ms: int | None = None
 
     @property
     def on_watermark(self) -> bool:
@@ -106,8 +109,9 @@ class BatchOutcome:
     watermark_before: int
     watermark_after: int
     accepted: list[Block] = field(default_factory=list)
-    # Per decided stream: the refs (PART, OFF, TS) this batch's results held for the first time,
-    # which the state layer stores so that a restored window knows them (engine/outer.py).
+    # Per decided stream: the refs (PART, OFF, TS; WIN in a window join) this batch's results held
+    # for the first time, which the state layer stores so that a restored window knows them
+    # (engine/outer.py).
     marks: dict[int, Block] = field(default_factory=dict)
     unmatched: int = 0  # null-padded rows emitted for rows proven unmatched
 
@@ -165,9 +169,9 @@ def _record_matches(plan: JoinPlan, window: GroupWindow, results: Block,
     marks, first = {}, []
     for i in plan.decided:
         name = plan.streams[i].name
-        part, off, ts = matched_refs(results, name)
-        fresh = window.matched[i].add(ref_keys(part, off), ts)
-        marks[i] = Block({PART: part[fresh], OFF: off[fresh], TS: ts[fresh]})
+        refs = matched_refs(results, name)
+        fresh = window.matched[i].add(block_ref_keys(refs), refs[TS])
+        marks[i] = refs.filter(fresh)
         if plan.join_type == "semi":
             first.append(_padded(plan, window, i, first_rows(results, name, plan.streams[i].payload, fresh), now_ms))
     return marks, first
@@ -177,17 +181,19 @@ def _unmatched(plan: JoinPlan, window: GroupWindow, side: int, expired: Block, n
     """The null-padded rows of `side`'s expired tuples that no result held; the matched ones
     leave the matched set (they are decided)."""
     refs = window.matched[side]
-    held = refs.contains(ref_keys(expired[PART], expired[OFF]))
+    keys = block_ref_keys(expired)
+    held = refs.contains(keys)
     if plan.streams[side].range_ms is not None:
         refs.expired(int(held.sum()), window.runs[side].floor)
     else:
-        refs.discard(ref_keys(expired[PART], expired[OFF])[held])
+        refs.discard(keys[held])
     return _padded(plan, window, side, expired.filter(~held), now_ms)
 
 
 def _padded(plan: JoinPlan, window: GroupWindow, side: int, rows: Block, now_ms: int) -> Block:
     return padded(tuple(s.name for s in plan.streams), tuple(s.topic for s in plan.streams),
-                  [r.template for r in window.runs], [s.payload for s in plan.streams], side, rows, now_ms)
+                  [r.template for r in window.runs], [s.payload for s in plan.streams], side, rows, now_ms,
+                  plan.instance_ms or 0)
 
 
 def _advance_watermark(plan: JoinPlan, window: GroupWindow, accepted: list[Block], idle: frozenset[int],
@@ -355,8 +361,10 @@ def assemble(plan: JoinPlan, sources: list[Block], combos: dict[int, np.ndarray]
             cols[f"{s.name}.{f}"] = src[f][idx]
     cols[NEWEST_ARRIVAL] = np.max([sources[i]["_arr"][combos[i]] for i in range(len(plan.streams))], axis=0) \
         if n else np.empty(0, np.int64)
+    # Members of a window join's result are copies of one instance: the first's WIN names it.
+    start = sources[0][WIN][combos[0]] if plan.instance_ms is not None else None
     head = result_head([s.topic for s in plan.streams], parts, offs,
-                       np.max(times, axis=0) if n else np.empty(0, np.int64), now_ms)
+                       np.max(times, axis=0) if n else np.empty(0, np.int64), now_ms, start, plan.instance_ms or 0)
     return Block(head | cols)
 
 

@@ -355,7 +355,8 @@ def _check_text(text: object) -> None:
 _ASOF = ("an as-of join (FOR SYSTEM_TIME AS OF) is not in the query language, whose operators are shared "
          "sliding windows: run it as a job with join.table")
 _TUMBLING = ("tumbling and hopping windows are not in the query language: a source's window is sliding, "
-             "[RANGE n unit] or [RANGE n unit SLIDE m unit]")
+             "[RANGE n unit] or [RANGE n unit SLIDE m unit]; run a window join as a job with window: tumbling_ms or "
+             "hopping_ms")
 _NOT_IN_THE_LANGUAGE = {"FOR": _ASOF, "ASOF": _ASOF, "TUMBLE": _TUMBLING, "TUMBLING": _TUMBLING, "HOP": _TUMBLING,
                         "HOPPING": _TUMBLING}
 

@@ -1,6 +1,8 @@
 """The validating reader of result records: JSON, Avro or blocks values back
 into the result block's columns (schemas/result_format.py), every malformed
-value a reject with its reason, never an exception.
+value a reject with its reason, never an exception. A window join's record
+whose window_end is not its window_start plus the job's instance size is
+malformed too.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO,
-                                          parse_result_id_hex)
+from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, WINDOW_END,
+                                          WINDOW_START, parse_result_id_hex)
 from streamjoin.schemas.codecs import BLOCK_SHIFT, Reject, read_ipc
 from streamjoin.schemas.columns import base64_decode, fixed_width_array, flat
 from streamjoin.schemas.result_format import INDEX_MASK, ResultLayout, StreamLayout, result_columns, results_avro_schema
@@ -56,7 +58,8 @@ def _record_schema(layout: ResultLayout, bytes_type: pa.DataType) -> pa.Schema:
     refs = pa.struct([(s.name, pa.struct([("topic", pa.string()), ("partition", pa.int64()), ("offset", pa.int64()),
                                           *([("index", pa.int64())] if s.blocks else [])]))
                       for s in layout.streams])
-    return pa.schema([("result_id", pa.string()), ("event_time", pa.int64()), ("produced_ms", pa.int64()),
+    window = [(WINDOW_START, pa.int64()), (WINDOW_END, pa.int64())] if layout.window_ms is not None else []
+    return pa.schema([("result_id", pa.string()), ("event_time", pa.int64()), *window, ("produced_ms", pa.int64()),
                       ("inputs", refs),
                       *[(s.name, pa.struct([(f, bytes_type if t == "bytes" else _ARROW[t]) for f, t in s.fields]))
                         for s in layout.streams]])
@@ -196,6 +199,8 @@ def _problems(layout: ResultLayout, table: pa.Table) -> list[tuple[np.ndarray, s
     ids = table.column("result_id").fill_null("")
     hex_ids = pc.match_substring_regex(ids, _HEX_ID).to_numpy(zero_copy_only=False)
     out.append((~hex_ids, "result_id is not 32 hex digits"))
+    if layout.window_ms is not None:
+        out.append((_window_problem(layout, table), f"window_end is not window_start + {layout.window_ms}"))
     for s in layout.streams:
         ref = f"inputs.{s.name}"
         out.append((pc.not_equal(table.column(f"{ref}.topic"), s.topic).fill_null(False).to_numpy(zero_copy_only=False),
@@ -206,6 +211,15 @@ def _problems(layout: ResultLayout, table: pa.Table) -> list[tuple[np.ndarray, s
         if s.blocks:
             out.append((_outside(table.column(f"{ref}.index"), 0, INDEX_MASK), f"{ref}.index out of range"))
     return out
+
+
+def _window_problem(layout: ResultLayout, table: pa.Table) -> np.ndarray:
+    """Rows of a window join's results whose end is not their start plus the instance size
+    (in int64: a start near the top of the range has no such end, and is malformed)."""
+    start = table.column(WINDOW_START).fill_null(0).to_numpy().astype(np.int64)
+    end = table.column(WINDOW_END).fill_null(0).to_numpy().astype(np.int64)
+    with np.errstate(over="ignore"):
+        return (end - start != layout.window_ms) | (end < start)
 
 
 def _outside(values: pa.ChunkedArray, low: int, high: int) -> np.ndarray:
@@ -304,8 +318,10 @@ def _columns(layout: ResultLayout, table: pa.Table) -> dict[str, np.ndarray]:
     ids = table.column("result_id").combine_chunks().cast(pa.large_binary())
     data, offsets = flat(ids)
     hi, lo = parse_result_id_hex(data[offsets[0]:offsets[-1]].view("S32"))
-    cols = {RESULT_ID_HI: hi, RESULT_ID_LO: lo, EVENT_TIME: _numpy(table.column("event_time"), "int"),
-            PRODUCED_MS: _numpy(table.column("produced_ms"), "int")}
+    cols = {RESULT_ID_HI: hi, RESULT_ID_LO: lo, EVENT_TIME: _numpy(table.column("event_time"), "int")}
+    if layout.window_ms is not None:
+        cols |= {name: _numpy(table.column(name), "int") for name in (WINDOW_START, WINDOW_END)}
+    cols[PRODUCED_MS] = _numpy(table.column("produced_ms"), "int")
     for s in layout.streams:
         absent = table.column(_absent_column(s)).combine_chunks() if s.optional else None
         value = partial(_member_values, table, absent=absent)
@@ -357,6 +373,8 @@ def _decode_blocks(layout: ResultLayout, values: Sequence[bytes | None]) -> Deco
             continue
         nulls = [name for name in schema.names if table.column(name).null_count]
         problem = f"nulls in result columns {nulls}" if nulls else _block_ref_problem(layout, table)
+        if problem is None and layout.window_ms is not None and _window_problem(layout, table).any():
+            problem = f"window_end is not window_start + {layout.window_ms}"
         if problem:
             rejects.append(Reject(i, "malformed", problem))
             continue

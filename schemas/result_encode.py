@@ -2,7 +2,8 @@
 as schemas/result_format.py lays them out.
 
 Every encoder takes a whole result block (engine/window_join.py's columns:
-result_id_hi, result_id_lo, event_time, produced_ms, then per stream
+result_id_hi, result_id_lo, event_time, a window join's window_start and
+window_end, produced_ms, then per stream
 `s.partition`, `s.offset`, `s.ts`, `s.<field>`) and builds all its records at
 once (columns.RowText): the text or bytes every row shares, and per-row pieces
 (decimal integers, UTF-8 of NumPy text, Arrow arrays) that numba kernels write
@@ -22,7 +23,8 @@ import pyarrow.compute as pc
 
 from streamjoin.engine.block import Block
 from streamjoin.engine.outer import NEWEST_ARRIVAL
-from streamjoin.engine.result_ids import ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO
+from streamjoin.engine.result_ids import (ABSENT, EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, WINDOW_END,
+                                          WINDOW_START)
 from streamjoin.schemas.codecs import BLOCK_SHIFT, encode_block
 from streamjoin.schemas.columns import (RowText, base64_encode, binary_array, flat, from_flat, string_array,
                                         to_bytes_list)
@@ -182,6 +184,11 @@ def json_documents(layout: ResultLayout, block: Block) -> pa.LargeStringArray:
     _put_hex_id(rows, block)
     rows.same('","event_time":')
     rows.decimal(block[EVENT_TIME])
+    if layout.window_ms is not None:
+        rows.same(',"window_start":')
+        rows.decimal(block[WINDOW_START])
+        rows.same(',"window_end":')
+        rows.decimal(block[WINDOW_END])
     rows.same(',"produced_ms":')
     rows.decimal(block[PRODUCED_MS])
     _json_inputs(rows, layout, block)
@@ -282,6 +289,9 @@ def avro_values(layout: ResultLayout, block: Block) -> pa.LargeBinaryArray:
     rows.same(_varint(32))  # the id's length prefix
     _put_hex_id(rows, block)
     rows.each(_varints(block[EVENT_TIME]))
+    if layout.window_ms is not None:
+        rows.each(_varints(block[WINDOW_START]))
+        rows.each(_varints(block[WINDOW_END]))
     rows.each(_varints(block[PRODUCED_MS]))
     for s in layout.streams:
         _avro_member(rows, s, block, partial(_avro_ref, stream=s, block=block))

@@ -185,7 +185,35 @@ class JobSettings(TopicNames, BaseModel):
         missing = [i for i, s in enumerate(self.streams) if s.window is None]
         if missing:
             raise ValueError(f"streams.{missing[0]}.window: every stream of a window join needs a window "
-                             "(range_ms or rows); only an as-of join (join.table) has none")
+                             "(range_ms, rows, tumbling_ms or hopping_ms); only an as-of join (join.table) has none")
+        self._check_instances()
+
+    def _check_instances(self) -> None:
+        """Tumbling and hopping windows: a result is a combination inside one instance, so every
+        stream needs the same instances; hash mode runs them (engine/window_instances.py)."""
+        instances = [s.window.instance for s in self.streams]  # type: ignore[union-attr]
+        if all(i is None for i in instances):
+            return
+        differ = next((i for i, w in enumerate(instances) if w != instances[0]), None)
+        if differ is not None:
+            raise ValueError(f"streams.{differ}.window: a tumbling or hopping window join needs the same window on "
+                             f"every stream (streams.0.window is {self._window_text(0)}, streams.{differ}.window "
+                             f"{self._window_text(differ)})")
+        if self.join.mode != "hash":
+            raise ValueError(f"join.mode {self.join.mode}: tumbling and hopping windows need join.mode hash (their "
+                             "instances are joined per key in partition groups)")
+
+    def _window_text(self, stream: int) -> str:
+        window = self.streams[stream].window
+        assert window is not None
+        return ", ".join(f"{k}: {v}" for k, v in window.model_dump(exclude_none=True).items())
+
+    @property
+    def window_instance(self) -> tuple[int, int] | None:
+        """A tumbling or hopping window join's (size, slide) in ms, the same on every stream; None
+        for RANGE and ROWS windows and as-of joins."""
+        window = self.streams[0].window
+        return window.instance if window is not None else None
 
     def _check_asof(self) -> None:
         names = [s.name for s in self.streams]
@@ -231,7 +259,7 @@ class JobSettings(TopicNames, BaseModel):
 
     def _check_hash_mode(self) -> None:
         if self.worker.spill.mode == "deferred":
-            counted = [s.name for s in self.streams if s.window is not None and s.window.range_ms is None]
+            counted = [s.name for s in self.streams if s.window is not None and s.window.is_rows]
             if counted:
                 raise ValueError(f"worker.spill.mode deferred needs RANGE windows; streams {counted} have count "
                                  "windows, whose membership depends on every generation (use mode: probe)")
@@ -287,8 +315,9 @@ class JobSettings(TopicNames, BaseModel):
 
     @property
     def longest_time_window_ms(self) -> int:
-        """The longest RANGE window over the streams (0 when all windows count rows)."""
-        return max((s.window.range_ms or 0 for s in self.streams if s.window is not None), default=0)
+        """The longest time window over the streams, a RANGE or an instance size (0 when all
+        windows count rows)."""
+        return max((s.window.span_ms or 0 for s in self.streams if s.window is not None), default=0)
 
     def start_offset(self, topic: str, partition: int) -> int:
         """Where a group with no checkpoint starts reading `topic`'s `partition` (0: the beginning)."""

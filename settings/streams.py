@@ -1,5 +1,5 @@
 """The job file's `streams:` entries: each stream's fields and their types, its time and key
-fields, its window (RANGE or ROWS), its source filter and the size bounds of its records."""
+fields, its window (RANGE, ROWS, tumbling or hopping), its source filter and the size bounds of its records."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ from streamjoin.settings.base import StrictModel
 
 FieldType = Literal["int", "float", "str", "bool", "bytes"]
 HASH_KEY_TYPES = ("int", "str", "bool")
+# A hopping window holds every tuple once per instance it is in (hopping_ms / slide_ms, rounded up).
+MAX_INSTANCES_PER_TUPLE = 1000
+# Instance sizes and slides, in ms (about 34 years): instance arithmetic on epoch times stays far inside int64.
+MAX_INSTANCE_MS = 1 << 40
 
 
 class WindowSpec(StrictModel):
-    """Exactly one of `range_ms` (time-based RANGE) or `rows` (count-based ROWS, per key)."""
+    """Exactly one kind: `range_ms` (time-based RANGE), `rows` (count-based ROWS, per key),
+    `tumbling_ms` or `hopping_ms` with `slide_ms` (window instances: engine/window_instances.py)."""
 
     range_ms: int | None = Field(
         default=None, gt=0,
@@ -24,16 +29,60 @@ class WindowSpec(StrictModel):
         default=None, gt=0,
         description="a count (ROWS) window, per key: a tuple is in its window while fewer than this many newer "
                     "tuples of its stream share its key")
+    tumbling_ms: int | None = Field(
+        default=None, gt=0, le=MAX_INSTANCE_MS,
+        description="a tumbling window, in ms: instances [k * tumbling_ms, (k + 1) * tumbling_ms); a result is a "
+                    "combination of tuples in one instance, emitted with its window_start and window_end. Every "
+                    "stream of the job needs the same one (hash mode)")
+    hopping_ms: int | None = Field(
+        default=None, gt=0, le=MAX_INSTANCE_MS,
+        description="a hopping window, in ms, with slide_ms: instances [k * slide_ms, k * slide_ms + hopping_ms); "
+                    "a tuple is in about hopping_ms / slide_ms of them, and a combination is a result of each "
+                    "instance holding all its members. Every stream of the job needs the same one (hash mode)")
+    slide_ms: int | None = Field(
+        default=None, gt=0, le=MAX_INSTANCE_MS,
+        description="hopping windows only: how far each instance starts after the previous one, in ms "
+                    f"(0 < slide_ms <= hopping_ms; equal to hopping_ms: tumbling). A tuple is held once per "
+                    f"instance, so hopping_ms / slide_ms may be at most {MAX_INSTANCES_PER_TUPLE}")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "WindowSpec":
-        if (self.range_ms is None) == (self.rows is None):
-            raise ValueError("give exactly one of range_ms (time window) or rows (count window)")
+        kinds = [k for k in ("range_ms", "rows", "tumbling_ms", "hopping_ms") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one of range_ms (time window), rows (count window), tumbling_ms or "
+                             f"hopping_ms with slide_ms (window instances), got {kinds or 'none'}")
+        if (self.slide_ms is None) != (self.hopping_ms is None):
+            raise ValueError("slide_ms goes with hopping_ms, and hopping_ms needs a slide_ms")
+        size, slide = self.hopping_ms, self.slide_ms
+        if size is None or slide is None:
+            return self
+        if slide > size:
+            raise ValueError(f"slide_ms ({slide}) must not exceed hopping_ms ({size}): instances would leave gaps "
+                             "no tuple belongs to")
+        if -(-size // slide) > MAX_INSTANCES_PER_TUPLE:
+            raise ValueError(f"slide_ms ({slide}) puts each tuple in more than {MAX_INSTANCES_PER_TUPLE} instances of "
+                             f"hopping_ms ({size}); every tuple is held once per instance: give a slide of at least "
+                             f"hopping_ms / {MAX_INSTANCES_PER_TUPLE}")
         return self
 
     @property
     def is_rows(self) -> bool:
         return self.rows is not None
+
+    @property
+    def instance(self) -> tuple[int, int] | None:
+        """A tumbling or hopping window's (size, slide) in ms; None for RANGE and ROWS windows."""
+        if self.tumbling_ms is not None:
+            return self.tumbling_ms, self.tumbling_ms
+        if self.hopping_ms is not None:
+            return self.hopping_ms, self.slide_ms  # type: ignore[return-value]
+        return None
+
+    @property
+    def span_ms(self) -> int | None:
+        """How long after its event time a tuple can still join, in ms: the RANGE or the instance
+        size (a copy alone in its instance is decided at ts + size); None for a count window."""
+        return self.range_ms if self.range_ms is not None else self.tumbling_ms or self.hopping_ms
 
 
 def _fits(field_type: FieldType, value: object) -> bool:
@@ -64,8 +113,9 @@ class StreamSpec(StrictModel):
     key_fields: list[str] = Field(default_factory=list, description="join key (hash mode needs one); Kafka record key")
     window: WindowSpec | None = Field(
         default=None,
-        description="the stream's window: exactly one of range_ms (time) or rows (count, per key). Every stream "
-                    "of a window join needs one; the streams of an as-of join (join.table) have none")
+        description="the stream's window: exactly one of range_ms (time), rows (count, per key), tumbling_ms, or "
+                    "hopping_ms with slide_ms. Every stream of a window join needs one; the streams of an as-of "
+                    "join (join.table) have none")
     where: dict[str, list[int | float | str | bool]] = Field(
         default_factory=dict,
         description="hash mode: a source filter, field -> allowed values (ANDed over fields); a tuple outside it "

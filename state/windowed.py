@@ -13,7 +13,8 @@ memory (each block was stored sorted, so no whole-window sort is needed).
 
 Outer, semi and anti joins also store, per batch and decided stream, the refs
 its results matched for the first time (engine/outer.py's marks); a restored
-window's matched set is their union. A marks record is dropped with the last
+window's matched set is their union (a window join's marks name copies:
+their instance start too). A marks record is dropped with the last
 live tuple it names (its newest ts below the stream's floor), and is always
 written after the blocks of the tuples it names, so the changelog range that
 rebuilds those blocks holds it too.
@@ -26,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamjoin.engine.block import OFF, PART, TS, Block, concat
-from streamjoin.engine.outer import ref_keys
+from streamjoin.engine.block import OFF, PART, TS, WIN, Block, concat
+from streamjoin.engine.outer import block_ref_keys
 from streamjoin.engine.runs import SortedRuns
 from streamjoin.engine.window_join import GroupWindow, JoinPlan, empty_window, expire
 from streamjoin.schemas.codecs import decode_block, encode_block
@@ -151,11 +152,13 @@ class WindowedStore:
         raw = {seq_of(k): v for k, v in self.rocksdb.scan(marks_prefix(group, stream))}
         marks = {seq: decode_block(v) for seq, v in raw.items()}
         state.marks[stream] = {seq: (int(block[TS].max()), len(raw[seq])) for seq, block in marks.items() if len(block)}
-        refs = concat([Block({PART: np.empty(0, np.int32), OFF: np.empty(0, np.int64), TS: np.empty(0, np.int64)}),
-                       *marks.values()])
+        # A window join's marks name copies (WIN too): a row matched in one instance only.
+        copies = {WIN: np.empty(0, np.int64)} if self.plan.instance_ms is not None else {}
+        refs = concat([Block({PART: np.empty(0, np.int32), OFF: np.empty(0, np.int64), TS: np.empty(0, np.int64)}
+                             | copies), *marks.values()])
         live = state.window.runs[stream].merged()
-        keys = ref_keys(refs[PART], refs[OFF])
-        alive = np.isin(keys, ref_keys(live[PART], live[OFF]))
+        keys = block_ref_keys(refs)
+        alive = np.isin(keys, block_ref_keys(live))
         state.window.matched[stream].add(keys[alive], refs[TS][alive])
 
     def stored_blocks(self, group: int, state: GroupState, from_seq: int) -> list[Block]:

@@ -347,14 +347,14 @@ def _retention_findings(job: JobSettings, t: TopicPlan, seen: Observed) -> list[
                         f"retention.ms={retention} on an as-of join's table: a row not updated for that long is "
                         "deleted from the topic, and a group rebuilt from it would not know it (compact the topic, "
                         "cleanup.policy=compact, or keep it forever)")]
-    if window.range_ms is None:
+    if window.span_ms is None:
         return [Finding("warning", t.name, t.role, "retention.ms",
                         f"retention.ms={retention} with a count window ({window.rows} rows): a rare key's rows "
                         "can be older than that, and a rebuilt window would miss them")]
-    needed = window.range_ms + job.join.allowed_lateness_ms
+    needed = window.span_ms + job.join.allowed_lateness_ms
     if retention < needed:
         return [Finding("danger", t.name, t.role, "retention.ms",
-                        f"retention.ms={retention} < window {window.range_ms} + allowed lateness "
+                        f"retention.ms={retention} < window {window.span_ms} + allowed lateness "
                         f"{job.join.allowed_lateness_ms}: records expire while a window still needs them")]
     if retention < needed + job.topics.outage_margin_ms:
         return [Finding("warning", t.name, t.role, "retention.ms",

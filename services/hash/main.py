@@ -391,7 +391,7 @@ class Worker(Pacing, Heartbeats):
     def _observe(self, batches: list[GroupBatch], seconds: float) -> None:
         metrics.BATCH_SECONDS.observe(seconds)
         for b in batches:
-            for i, block in enumerate(b.appended):
+            for i, block in enumerate(b.tuples_taken):
                 if len(block):
                     metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(block))
             if b.duplicates:
@@ -403,7 +403,7 @@ class Worker(Pacing, Heartbeats):
                 metrics.ASOF_VERSIONS.labels(str(b.group)).set(len(asof.versions))
                 metrics.ASOF_WAITING.labels(str(b.group)).set(len(asof.waiting))
             self.store.observe(b.group, b.now_ms, sum(len(block) for block in b.appended), len(b.results))
-            self.key_counter.observe(b.group, b.appended, b.now_ms)
+            self.key_counter.observe(b.group, b.tuples_taken, b.now_ms)
             self.results_total += len(b.results)
             if b.unmatched:
                 metrics.UNMATCHED.inc(b.unmatched)

@@ -1,21 +1,28 @@
 """One partition group's batch: decoded blocks in, window joined, results,
 dead letters and forwards out, checkpoint advanced. The same function serves
-live processing and recovery replay, which is what makes replay exact."""
+live processing and recovery replay, which is what makes replay exact.
+
+A tumbling or hopping window join runs on copies (engine/window_instances.py):
+each stream's decoded tuples become one copy per window instance before the
+join, so the window, its stored blocks and the changelog hold copies, and a
+restored window is copies as it was. What is about the source records stays
+per record: dead letters, the tuples counted in and the hot-key summaries."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, Sequence
 
-import numpy as np
-
 import time
 
+import numpy as np
+
 from streamjoin.engine.asof import AsOfPlan, process_asof_window
-from streamjoin.engine.block import Block, concat
+from streamjoin.engine.block import OFF, PART, Block, concat
 from streamjoin.engine.cleanup import cleanup_results, generation_of
-from streamjoin.engine.outer import DECIDED
+from streamjoin.engine.outer import DECIDED, ref_keys
 from streamjoin.engine.result_ids import ABSENT, EVENT_TIME, PRODUCED_MS
+from streamjoin.engine.window_instances import assign, instance_plan
 from streamjoin.engine.window_join import NO_TIME, JoinPlan, StreamPlan, process_batch
 from streamjoin.schemas.codecs import keys_are_exact
 from streamjoin.services.hash.progress import BatchProgress, batch_progress
@@ -38,7 +45,7 @@ class GroupBatch:
     forwards: list[Forward]
     end: dict[str, dict[int, int]]  # input topic -> partition -> next offset after the batch
     watermark: int
-    appended: list[Block]
+    appended: list[Block]  # per stream, what the window took (a window join's copies): stored with the batch
     state: GroupState
     duplicates: int  # forwarded records skipped as copies of ones taken before
     now_ms: int  # the wall clock the batch was decided at (recorded in its commit, so replay decides the same)
@@ -47,6 +54,13 @@ class GroupBatch:
     marks: dict[int, Block] = field(default_factory=dict)  # outer/semi/anti: rows first matched (BatchOutcome)
     unmatched: int = 0  # outer/anti: null-padded rows of rows proven unmatched
     notes: list[ProgressNote] = field(default_factory=list)  # join.repartition_watermarks: written after forwards
+    # Per stream, the source tuples the window took, once each (a window join's copies are not
+    # counted apart): tuple counts and hot keys. None: `appended`, which holds them once each.
+    taken: list[Block] | None = None
+
+    @property
+    def tuples_taken(self) -> list[Block]:
+        return self.taken if self.taken is not None else self.appended
 
 
 @dataclass(frozen=True)
@@ -70,7 +84,8 @@ class CleanedUp:
 
 
 def join_plan(job: JobSettings) -> JoinPlan | AsOfPlan:
-    """The join a group runs: a window join, or an as-of join (join.table)."""
+    """The join a group runs: a window join (tumbling and hopping ones on copies per instance:
+    engine/window_instances.py), or an as-of join (join.table)."""
     streams = tuple(
         StreamPlan(s.name, job.topic_of(s), s.window.range_ms if s.window else None,
                    s.window.rows if s.window else None, tuple(s.fields), tuple(s.key_fields))
@@ -80,15 +95,21 @@ def join_plan(job: JobSettings) -> JoinPlan | AsOfPlan:
     if t is not None:
         lateness = job.join.allowed_lateness_ms
         return AsOfPlan(streams[1 - t], streams[t], lateness, lateness, job.join.type)  # type: ignore[arg-type]
-    return JoinPlan(streams, job.join.allowed_lateness_ms, exact_keys=keys_are_exact(job.streams[0]),
+    plan = JoinPlan(streams, job.join.allowed_lateness_ms, exact_keys=keys_are_exact(job.streams[0]),
                     join_type=job.join.type)
+    instance = job.window_instance
+    return plan if instance is None else instance_plan(plan, instance[0])
 
 
 def group_store(job: JobSettings, plan: JoinPlan | AsOfPlan, rocksdb: Store, templates: list[Block]) -> WindowedStore:
-    """The store of a worker's groups: windows, or an as-of join's versions."""
+    """The store of a worker's groups: windows (of copies, with their WIN column, in a window
+    join), or an as-of join's versions. `templates`: per stream, an empty block as decoded."""
     memory, changelog, spill = job.worker.memory_bytes, job.worker.changelog, job.worker.spill
     if isinstance(plan, AsOfPlan):
         return VersionedStore(rocksdb, plan, job.table_index or 0, templates, memory, changelog, spill)
+    instance = job.window_instance
+    if instance is not None:
+        templates = [assign(t, *instance) for t in templates]
     return WindowedStore(rocksdb, plan, templates, memory, changelog=changelog, spill=spill)
 
 
@@ -99,7 +120,7 @@ def unmatched_delays_ms(job: JobSettings, results: Block) -> np.ndarray:
         return np.empty(0, np.int64)
     delays = []
     for i in DECIDED[job.join.type]:
-        window = job.streams[i].window.range_ms
+        window = job.streams[i].window.span_ms  # a window join's copy: its instance size
         other = job.streams[1 - i].name
         if window is not None and len(results):
             alone = results[f"{other}.partition"] == ABSENT
@@ -151,7 +172,10 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
     seq = state.checkpoint.seq + 1
     if store.deferred and (state.push_pending or generation_start == seq > state.checkpoint.generation_start):
         store.close_generation(state, seq)
-    deltas = [_tag(slices[i].block if i in slices else store.templates[i], seq) for i in range(len(job.streams))]
+    decoded = [slices[i].block if i in slices else store.templates[i] for i in range(len(job.streams))]
+    instance = job.window_instance
+    # Tagged after `assign`: the stored blocks hold the copies, so a restored window needs nothing new.
+    deltas = [_tag(assign(d, *instance) if instance else d, seq) for d in decoded]
     progress = _progress(job, routings, state, group, slices, idle, now_ms)
     if isinstance(plan, AsOfPlan):
         outcome = process_asof_window(state.window, deltas, now_ms)  # type: ignore[arg-type]
@@ -162,7 +186,10 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
     dead = [d for sl in slices.values() for d in sl.dead]
     for i, late in enumerate(outcome.late):
         if len(late):
-            dead += late_records(job, i, group, buffers[i], late, outcome.watermark_before)
+            # A late tuple's copies share its time, so all are late: one dead letter per record.
+            once = late if instance is None else late.take(np.unique(ref_keys(late[PART], late[OFF]),
+                                                                     return_index=True)[1])
+            dead += late_records(job, i, group, buffers[i], once, outcome.watermark_before)
     end = state.checkpoint.end
     for sl in slices.values():
         end = merge_positions(end, sl.end)
@@ -178,7 +205,13 @@ def run_group_batch(job: JobSettings, plan: JoinPlan, store: WindowedStore, stat
     return GroupBatch(group, seq, results, dead, [f for sl in slices.values() for f in sl.forwards], end,
                       state.window.watermark, outcome.accepted, state, sum(sl.duplicates for sl in slices.values()),
                       now_ms, cleanup.done if cleanup else None, marks=outcome.marks, unmatched=outcome.unmatched,
-                      notes=progress.notes if progress else [])
+                      notes=progress.notes if progress else [],
+                      taken=_taken(decoded, outcome.accepted) if instance else None)
+
+
+def _taken(decoded: list[Block], accepted: list[Block]) -> list[Block]:
+    """Per stream, the decoded tuples whose copies the window took (all of a tuple's or none)."""
+    return [d.filter(np.isin(ref_keys(d[PART], d[OFF]), ref_keys(a[PART], a[OFF]))) for d, a in zip(decoded, accepted)]
 
 
 def _heard(before: list[int], streams: int, slices: dict[int, GroupSlice], now_ms: int) -> list[int]:

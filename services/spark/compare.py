@@ -3,7 +3,9 @@ ones (missing, extra, duplicated; results that do not decode or carry the wrong
 id) and the delays with which they were produced, as percentiles.
 
 Both sides are refs p<i>, o<i> (join_columns): the oracles' expected results
-and the decoded result records (result_records.decode_results).
+and the decoded result records (result_records.decode_results); a tumbling or
+hopping window join's results are told apart by their window_start too (the
+same members in two instances are two results).
 """
 
 from __future__ import annotations
@@ -15,17 +17,17 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from streamjoin.engine.outer import DECIDED
-from streamjoin.engine.result_ids import ABSENT
+from streamjoin.engine.result_ids import ABSENT, WINDOW_START
 from streamjoin.schemas.results import PRODUCED_MS, ref_columns
 from streamjoin.services.spark.join_columns import o_ref, p_ref, quoted, ref_names
 from streamjoin.services.spark.result_records import ID_OK, RECORD_OK, decode_results
 from streamjoin.settings import JobSettings
 
 
-def compare(expected: DataFrame, actual: DataFrame, m: int) -> dict[str, int]:
+def compare(expected: DataFrame, actual: DataFrame, m: int, windowed: bool = False) -> dict[str, int]:
     """missing / extra (distinct combinations) and duplicates (extra copies) between
-    expected refs and produced refs, both as p<i>, o<i> columns."""
-    refs = ref_names(m)
+    expected refs and produced refs, both as p<i>, o<i> columns (`windowed`: and window_start)."""
+    refs = ref_names(m) + ([WINDOW_START] if windowed else [])
     produced = actual.groupBy(*refs).agg(F.count(F.lit(1)).alias("copies"))
     both = expected.select(*refs, F.lit(True).alias("wanted")).join(produced, refs, "full")
     row = both.agg(
@@ -53,7 +55,8 @@ def production_delays(actual: DataFrame, arrivals: Sequence[DataFrame]) -> DataF
 
 def unmatched_delays(actual: DataFrame, decoded: Sequence[DataFrame], job: JobSettings) -> DataFrame:
     """produced_ms and delay = produced_ms - deadline for each produced row alone (outer and
-    anti joins): the deadline is its ts + its stream's RANGE window + join.allowed_lateness_ms,
+    anti joins): the deadline is its ts + its stream's RANGE window (a window join's instance
+    size) + join.allowed_lateness_ms,
     the event time at which the watermark decides it.
 
     `actual`: p<i>, o<i>, produced_ms (absent members ABSENT); `decoded[i]`: stream i's
@@ -61,7 +64,7 @@ def unmatched_delays(actual: DataFrame, decoded: Sequence[DataFrame], job: JobSe
     count-window row has no deadline in time)."""
     parts = []
     for side in DECIDED[job.join.type]:
-        window = job.streams[side].window.range_ms
+        window = job.streams[side].window.span_ms  # a window join's row alone: decided at ts + instance size
         assert window is not None, f"stream {side} counts rows: its rows have no deadline in time"
         alone = actual.filter((F.col(p_ref(1 - side)) == ABSENT) & (F.col(p_ref(side)) != ABSENT))
         ts = decoded[side].select(F.col("partition").alias(p_ref(side)), F.col("offset").alias(o_ref(side)), "ts")
@@ -83,7 +86,7 @@ def unmatched_fields(job: JobSettings, expected: DataFrame, actual: DataFrame,
     absent = reduce(lambda a, b: a | b, [F.col(p_ref(i)) == ABSENT for i in range(len(job.streams))])
     fields["unmatched"] = expected.filter(absent).count()
     windows = [job.streams[s].window for s in DECIDED[job.join.type]]
-    if all(w is not None and w.range_ms is not None for w in windows):  # as-of joins have no deadline in time
+    if all(w is not None and w.span_ms is not None for w in windows):  # as-of joins have no deadline in time
         fields["unmatched_delay_ms"] = percentiles(unmatched_delays(actual, decoded, job))
     return fields
 
@@ -95,11 +98,11 @@ def percentiles(delays: DataFrame) -> dict[str, float | None]:
     return {"p50": q[0], "p95": q[1], "p99": q[2], "mean": row["mean"]}
 
 
-def actual_refs(results: DataFrame, names: list[str]) -> DataFrame:
-    """Decoded results as p<i>, o<i> ref columns and produced_ms."""
+def actual_refs(results: DataFrame, names: list[str], windowed: bool = False) -> DataFrame:
+    """Decoded results as p<i>, o<i> ref columns and produced_ms (`windowed`: and window_start)."""
     refs = [c for i, n in enumerate(names)
             for c in (quoted(ref_columns(n)[0]).alias(p_ref(i)), quoted(ref_columns(n)[1]).alias(o_ref(i)))]
-    return results.select(*refs, PRODUCED_MS)
+    return results.select(*refs, PRODUCED_MS, *([WINDOW_START] if windowed else []))
 
 
 def result_fields(job: JobSettings, expected: DataFrame, raw_results: DataFrame,
@@ -111,8 +114,9 @@ def result_fields(job: JobSettings, expected: DataFrame, raw_results: DataFrame,
     offset, ts, arrival)."""
     names = [s.name for s in job.streams]
     results = decode_results(raw_results, job).localCheckpoint()
-    actual = actual_refs(results.filter(F.col(RECORD_OK)), names)
-    diff = compare(expected, actual, len(names))
+    windowed = job.window_instance is not None
+    actual = actual_refs(results.filter(F.col(RECORD_OK)), names, windowed)
+    diff = compare(expected, actual, len(names), windowed)
     totals = results.agg(F.count_if(F.col(RECORD_OK)).alias("n"), F.count_if(~F.col(RECORD_OK)).alias("bad_records"),
                          F.count_if(F.col(RECORD_OK) & ~F.col(ID_OK)).alias("bad_ids")).first()
     delays = production_delays(actual, decoded).localCheckpoint()

@@ -8,8 +8,10 @@ tuple offset is (record offset << BLOCK_SHIFT) | index, as the engine numbers
 tuples), event_time, produced_ms, and two verdicts:
   record_ok  the record decoded into a result (else its row has nulls: one row
              per record that does not decode);
-  id_ok      its id is the one engine.result_ids computes from its refs, and
-             the refs name the job's source topics.
+  id_ok      its id is the one engine.result_ids computes from its refs (and
+             its window_start), and the refs name the job's source topics.
+A window join's record whose window_end is not its window_start plus the
+instance size does not decode.
 Per format:
   json          Spark's from_json, in the JVM, with a schema made from the job:
                 the id, the times and the refs (field values are not read);
@@ -45,7 +47,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
 from streamjoin.engine.outer import optional_streams
-from streamjoin.engine.result_ids import ABSENT
+from streamjoin.engine.result_ids import ABSENT, WINDOW_END, WINDOW_START
 from streamjoin.schemas.codecs import BLOCK_SHIFT
 from streamjoin.schemas.results import EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO, ref_columns
 from streamjoin.settings import JobSettings, StreamSpec
@@ -65,12 +67,17 @@ def _stated(stream: str) -> tuple[str, str, str]:
     return f"{stream}__partition", f"{stream}__offset", f"{stream}__topic"
 
 
+def _head(job: JobSettings) -> list[StructField]:
+    """The times a decoded result starts with: event_time, produced_ms, a window join's window_start."""
+    window = [StructField(WINDOW_START, LongType())] if job.window_instance is not None else []
+    return [StructField(EVENT_TIME, LongType()), StructField(PRODUCED_MS, LongType()), *window]
+
+
 def result_schema(job: JobSettings) -> StructType:
-    """A decoded result: record_ok, result_id, id_ok, event_time, produced_ms, then per
-    stream `<s>.partition` (int) and `<s>.offset` (long, the tuple's offset)."""
+    """A decoded result: record_ok, result_id, id_ok, event_time, produced_ms (a window join's
+    window_start), then per stream `<s>.partition` (int) and `<s>.offset` (long, the tuple's offset)."""
     fields = [StructField(RECORD_OK, BooleanType()), StructField(RESULT_ID, StringType()),
-              StructField(ID_OK, BooleanType()), StructField(EVENT_TIME, LongType()),
-              StructField(PRODUCED_MS, LongType())]
+              StructField(ID_OK, BooleanType()), *_head(job)]
     for s in job.streams:
         part, off, _ = ref_columns(s.name)
         fields += [StructField(part, IntegerType()), StructField(off, LongType())]
@@ -78,9 +85,9 @@ def result_schema(job: JobSettings) -> StructType:
 
 
 def _record_schema(job: JobSettings) -> StructType:
-    """A result as its record states it, before the id check: record_ok, result_id,
-    event_time, produced_ms, and per stream the _stated columns."""
-    fields = [f for f in result_schema(job).fields[:5] if f.name != ID_OK]
+    """A result as its record states it, before the id check: record_ok, result_id, the times
+    (`_head`), and per stream the _stated columns."""
+    fields = [StructField(RECORD_OK, BooleanType()), StructField(RESULT_ID, StringType()), *_head(job)]
     for s in job.streams:
         part, off, topic = _stated(s.name)
         fields += [StructField(part, IntegerType()), StructField(off, LongType()), StructField(topic, StringType())]
@@ -108,8 +115,11 @@ def json_result_schema(job: JobSettings) -> StructType:
     """The part of a JSON result record verify reads: the id, the times, the refs, and an optional
     stream's fields object as raw text (null for an absent member; other field values are not read)."""
     inputs = StructType([StructField(s.name, _ref_struct(s)) for s in job.streams])
-    fields = [StructField(s.name, StringType()) for s, optional in zip(job.streams, optional_streams(job.join.type, len(job.streams))) if optional]
-    return StructType([StructField(RESULT_ID, StringType()), StructField(EVENT_TIME, LongType()),
+    fields = [StructField(s.name, StringType())
+              for s, optional in zip(job.streams, optional_streams(job.join.type, len(job.streams))) if optional]
+    window = [StructField(WINDOW_START, LongType()), StructField(WINDOW_END, LongType())] \
+        if job.window_instance is not None else []
+    return StructType([StructField(RESULT_ID, StringType()), StructField(EVENT_TIME, LongType()), *window,
                        StructField(PRODUCED_MS, LongType()), StructField(INPUTS, inputs), *fields])
 
 
@@ -153,9 +163,13 @@ def _json_results(values: DataFrame, job: JobSettings) -> DataFrame:
         complete.append(ok)
         lacking = lacking + absent.cast(IntegerType())
     complete.append(lacking <= 1)  # a result lacks one member at most
+    instance = job.window_instance
+    if instance is not None:  # the instance [start, start + size): its end must say so
+        start, end = F.col("j")[WINDOW_START], F.col("j")[WINDOW_END]
+        complete.append(end - start == F.lit(instance[0]))
     record_ok = F.coalesce(reduce(lambda a, b: a & b, complete), F.lit(False))
-    return parsed.select(record_ok.alias(RECORD_OK), F.col("j")[RESULT_ID].alias(RESULT_ID),
-                         F.col("j")[EVENT_TIME].alias(EVENT_TIME), F.col("j")[PRODUCED_MS].alias(PRODUCED_MS), *refs)
+    times = [F.col("j")[f.name].alias(f.name) for f in _head(job)]
+    return parsed.select(record_ok.alias(RECORD_OK), F.col("j")[RESULT_ID].alias(RESULT_ID), *times, *refs)
 
 
 # ---------------------------------------------------------------- avro and blocks
@@ -193,6 +207,8 @@ def _stated_rows(job: JobSettings, columns: dict[str, np.ndarray], out: pa.Schem
     rows = {RECORD_OK: pa.array(np.ones(n, bool)), EVENT_TIME: pa.array(columns[EVENT_TIME], pa.int64()),
             RESULT_ID: pa.array(result_id_hex(columns[RESULT_ID_HI], columns[RESULT_ID_LO])).cast(pa.string()),
             PRODUCED_MS: pa.array(columns[PRODUCED_MS], pa.int64())}
+    if WINDOW_START in columns:
+        rows[WINDOW_START] = pa.array(columns[WINDOW_START], pa.int64())
     for s in job.streams:
         (part, off, _), (stated_part, stated_off, stated_topic) = ref_columns(s.name), _stated(s.name)
         rows |= {stated_part: pa.array(columns[part], pa.int32()), stated_off: pa.array(columns[off], pa.int64()),
@@ -209,7 +225,7 @@ def _id_checker(job: JobSettings) -> BatchFunction:
 
     def check(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            columns = {c: batch.column(c) for c in (RECORD_OK, RESULT_ID, EVENT_TIME, PRODUCED_MS)}
+            columns = {c: batch.column(c) for c in (RECORD_OK, RESULT_ID, *(f.name for f in _head(job)))}
             columns[ID_OK] = pa.array(ids_agree(job, batch))
             for s in job.streams:
                 columns |= dict(zip(ref_columns(s.name)[:2], (batch.column(c) for c in _stated(s.name)[:2])))
@@ -220,7 +236,7 @@ def _id_checker(job: JobSettings) -> BatchFunction:
 
 def ids_agree(job: JobSettings, batch: pa.RecordBatch) -> np.ndarray:
     """Per row: a decoded record whose id is 32 hex digits, equal to the id computed from
-    its refs, which name the job's source topics."""
+    its refs, which name the job's source topics (and a window join's window_start)."""
     from streamjoin.engine.result_ids import parse_result_id_hex, result_ids
 
     text = batch.column(RESULT_ID)
@@ -232,7 +248,8 @@ def ids_agree(job: JobSettings, batch: pa.RecordBatch) -> np.ndarray:
     checked = pc.if_else(pa.array(ok), text, _NO_ID).cast(pa.binary()).to_numpy(zero_copy_only=False).astype("S32")
     stated_hi, stated_lo = parse_result_id_hex(checked)
     refs = [[pc.fill_null(batch.column(c), 0).to_numpy() for c in _stated(s.name)[:2]] for s in job.streams]
-    hi, lo = result_ids(job.input_topics, [p for p, _ in refs], [o for _, o in refs])
+    start = pc.fill_null(batch.column(WINDOW_START), 0).to_numpy() if job.window_instance is not None else None
+    hi, lo = result_ids(job.input_topics, [p for p, _ in refs], [o for _, o in refs], start)
     return ok & (hi == stated_hi) & (lo == stated_lo)
 
 

@@ -4,7 +4,8 @@ what is missing, extra or duplicated, plus production-delay percentiles.
 
 This module owns the job itself (`run_verify`): one snapshot of the topics, then
 per mode which inputs count and which oracle joins them. Hash mode (equi-join
-on keys, outer, semi and anti joins) is oracles.expected_results; ring and
+on keys, outer, semi and anti joins) is oracles.expected_results, tumbling and
+hopping window joins window_oracle.expected_window_join; ring and
 splitjoin modes (predicate terms, reference_theta_join) are
 theta_oracle.expected_theta_join (SplitJoin's merger writes the same release
 records as the ring head). Inputs are read by input_records.py, result and
@@ -35,6 +36,7 @@ from streamjoin.services.spark.report import (MUST_BE_ZERO, groups_without_resul
                                               stream_info)
 from streamjoin.services.spark.result_records import final_watermarks, release_watermark
 from streamjoin.services.spark.theta_oracle import expected_theta_join
+from streamjoin.services.spark.window_oracle import expected_window_join
 from streamjoin.settings import JobSettings
 
 
@@ -54,8 +56,11 @@ def _verify_hash(job: JobSettings, raw: DataFrame) -> tuple[dict, DataFrame]:
     accepted = [accepted_inputs(d) for d in decoded]
 
     watermarks = final_watermarks(raw.filter(F.col("topic") == job.commits_topic)).localCheckpoint()
+    instance = job.window_instance
     if job.table_index is not None:
         expected = _expected_asof(job, accepted, watermarks).localCheckpoint()
+    elif instance is not None:
+        expected = expected_window_join(accepted, *instance, job.join.type, watermarks).localCheckpoint()
     else:
         expected = expected_results(accepted, [s.window for s in job.streams], job.join.type,
                                     watermarks).localCheckpoint()
