@@ -32,7 +32,6 @@ from streamjoin.bench.asof_workload import (FULL, QUICK, STREAM, TABLE, AsofPlan
                                             write_live)
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.inputs import export_inputs
-from streamjoin.launcher import wait_drained
 from streamjoin.settings import JobSettings
 
 
@@ -68,16 +67,9 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
 
 def run_live(env: BenchEnv, job: JobSettings, plan: AsofPlan) -> dict:
     """A fleet joining the input as it is written; Spark `verify`'s report on its whole output."""
-    from streamjoin.services.spark.verify import run_verify
-
     fleet, _ = ours.start_fleet(env, job, plan.workers[0])
     written = write_live(env.cluster, job, plan, draw(plan))
-    wait_drained(job, env.bootstrap, fleet, timeout=max(300.0, 10 * plan.seconds))
-    fleet.assert_running()
-    restarts = fleet.restarts
-    fleet.stop_all()  # the output is complete: verify gets the cores
-    with env.phase("Spark verify of the live run"):
-        verdict = run_verify(job, env.cluster)
+    restarts, verdict = ours.drained_and_verified(env, job, fleet, plan.seconds, "the live run")
     return {"job": job.job, "workers": plan.workers[0], **written, "restarts": restarts,
             "verify": {k: verdict.get(k) for k in (*ours.VERIFY_KEYS, "unmatched")}}
 

@@ -43,7 +43,6 @@ from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.inputs import ARRIVAL, export_inputs
 from streamjoin.bench.peers import spark_peer
 from streamjoin.bench.report import delay_stats, ratio
-from streamjoin.launcher import wait_drained
 from streamjoin.settings import JobSettings
 
 # The verify report's fields a left-join run keeps (beside ours.VERIFY_KEYS).
@@ -65,17 +64,10 @@ def run_live(env: BenchEnv, job: JobSettings, plan: LeftPlan) -> dict:
     """The left-join fleet on fresh input at `plan.rate` for `plan.seconds`; Spark `verify`'s
     report (exact, unmatched rows and their delay past the deadline) and when the run began."""
     from streamjoin.services.spark.sources import run_sources
-    from streamjoin.services.spark.verify import run_verify
-
     fleet, _ = ours.start_fleet(env, job, 1)
     began_ms = int(time.time() * 1000)
     produced = run_sources(job, env.cluster, seconds=plan.seconds, rate=plan.rate)
-    wait_drained(job, env.bootstrap, fleet, timeout=max(300.0, 10 * plan.seconds))
-    fleet.assert_running()
-    restarts = fleet.restarts
-    fleet.stop_all()  # the output is complete: verify gets the cores
-    with env.phase("Spark verify of the left-join run"):
-        verdict = run_verify(job, env.cluster)
+    restarts, verdict = ours.drained_and_verified(env, job, fleet, plan.seconds, "the left-join run")
     return {"job": job.job, "workers": 1, "inputs": sum(produced["records"].values()),
             "rate_per_stream": float(np.mean(list(produced["rate"].values()))), "began_ms": began_ms,
             "restarts": restarts, "verify": {k: verdict.get(k) for k in (*ours.VERIFY_KEYS, *OUTER_KEYS)}}

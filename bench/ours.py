@@ -150,6 +150,19 @@ def start_fleet(env: BenchEnv, job: JobSettings, workers: int, wait: bool = True
     return fleet, ids
 
 
+def drained_and_verified(env: BenchEnv, job: JobSettings, fleet: Fleet, seconds: float, what: str) -> tuple[int, dict]:
+    """Once `fleet` has drained the input written live over `seconds`: the fleet stopped (so
+    that verify gets the cores), its restarts and Spark `verify`'s report on the whole output."""
+    from streamjoin.services.spark.verify import run_verify
+
+    wait_drained(job, env.bootstrap, fleet, timeout=max(300.0, 10 * seconds))
+    fleet.assert_running()
+    restarts = fleet.restarts
+    fleet.stop_all()
+    with env.phase(f"Spark verify of {what}"):
+        return restarts, run_verify(job, env.cluster)
+
+
 def fleet_job(job: JobSettings, env: BenchEnv, name: str, workers: int) -> JobSettings:
     """`job` renamed (own results, control and consumer group), with its own state and expected workers."""
     return job.model_copy(update={

@@ -18,12 +18,11 @@ and the number of results it wrote.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
-from pyflink_job import _lines
+from pyflink_job import run
 
 ABSENT = -1
 
@@ -58,16 +57,7 @@ def _join(t_env, spec: dict, data_key: str, out: Path) -> float:  # type: ignore
 
 
 def main(spec_path: str) -> None:
-    from pyflink.table import EnvironmentSettings, TableEnvironment
-
-    spec = json.loads(Path(spec_path).read_text())
-    t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    t_env.get_config().set("parallelism.default", str(spec["parallelism"]))
-    out = Path(spec["out"])
-    _join(t_env, spec, "empty_path", out / "warm-up")  # the first job also loads and compiles the JVM side
-    empty = _join(t_env, spec, "empty_path", out / "empty")
-    seconds = _join(t_env, spec, "path", out / "results")
-    print(json.dumps({"seconds": seconds, "startup_seconds": empty, "results": _lines(out / "results")}))
+    run(spec_path, _join)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 
 def _tables(t_env, streams: list[dict], data_key: str) -> None:  # type: ignore[no-untyped-def]
@@ -42,17 +43,24 @@ def _lines(root: Path) -> int:
     return sum(sum(1 for _ in f.open("rb")) for f in root.rglob("*") if f.is_file())
 
 
-def main(spec_path: str) -> None:
+def run(spec_path: str, join: Callable) -> None:  # type: ignore[type-arg]
+    """Run `join(t_env, spec, data_key, out)` (seconds it took) on an empty input twice (a warm-up:
+    the first job also loads and compiles the JVM side; then the start-up cost) and on the real
+    one, and print the figures (the module docstring's JSON line)."""
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
     spec = json.loads(Path(spec_path).read_text())
     t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
     t_env.get_config().set("parallelism.default", str(spec["parallelism"]))
     out = Path(spec["out"])
-    _join(t_env, spec, "empty_path", out / "warm-up")  # the first job also loads and compiles the JVM side
-    empty = _join(t_env, spec, "empty_path", out / "empty")
-    seconds = _join(t_env, spec, "path", out / "results")
+    join(t_env, spec, "empty_path", out / "warm-up")
+    empty = join(t_env, spec, "empty_path", out / "empty")
+    seconds = join(t_env, spec, "path", out / "results")
     print(json.dumps({"seconds": seconds, "startup_seconds": empty, "results": _lines(out / "results")}))
+
+
+def main(spec_path: str) -> None:
+    run(spec_path, _join)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,10 @@ and the version.
 
 from __future__ import annotations
 
-import json
 import sys
-import time
-from pathlib import Path
 from typing import Callable
 
-from quix_job import Drain, event_time, retention_when_unsaid, tagger
+from quix_job import run
 
 ABSENT = -1  # a left join's missing row: the refs streamjoin's results carry for it
 
@@ -40,30 +37,9 @@ def merger(stream: str, table: str) -> Callable[[dict, dict | None], dict]:
 
 
 def main(spec_path: str) -> None:
-    began = time.perf_counter()
-    from importlib.metadata import version
-
-    from quixstreams import Application
-    from quixstreams.models import TopicConfig
-
-    retention_when_unsaid()
-    spec = json.loads(Path(spec_path).read_text())
-    app = Application(broker_address=spec["bootstrap"], consumer_group=spec["group"],
-                      auto_offset_reset="earliest", processing_guarantee="exactly-once",
-                      state_dir=spec["state_dir"], loglevel="WARNING",
-                      consumer_extra_config=spec["consumer_config"])
-    drain = Drain(spec["inputs"], app.stop)
-    stream, table = (app.dataframe(app.topic(s["topic"], timestamp_extractor=event_time(s["time_field"])))
-                     .apply(tagger(s["name"], drain)) for s in (spec["stream"], spec["table"]))
-    joined = stream.join_asof(table, how=spec["how"], on_merge=merger(spec["stream"]["name"], spec["table"]["name"]),
-                              grace_ms=spec["grace_ms"])
-    joined.to_topic(app.topic(spec["output"], config=TopicConfig(num_partitions=spec["partitions"],
-                                                                 replication_factor=1)))
-    app.run()
-    ended = time.perf_counter()
-    first = drain.first if drain.first is not None else ended
-    print(json.dumps({"seconds": ended - first, "startup_seconds": first - began, "processed": drain.processed,
-                      "version": version("quixstreams")}))
+    run(spec_path, lambda spec: [spec["stream"], spec["table"]],
+        lambda spec, frames: frames[0].join_asof(frames[1], how=spec["how"], grace_ms=spec["grace_ms"],
+                                                 on_merge=merger(spec["stream"]["name"], spec["table"]["name"])))
 
 
 if __name__ == "__main__":

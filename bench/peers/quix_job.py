@@ -79,7 +79,9 @@ def retention_when_unsaid() -> None:
     TopicAdmin.inspect_topics = inspect_topics
 
 
-def main(spec_path: str) -> None:
+def run(spec_path: str, streams: Callable[[dict], list[dict]], join: Callable) -> None:  # type: ignore[type-arg]
+    """Run a Quix join application and print its figures (the module docstring's JSON line):
+    `streams(spec)` the input specs in join order, `join(spec, frames)` the joined dataframe."""
     began = time.perf_counter()
     from importlib.metadata import version
 
@@ -93,16 +95,20 @@ def main(spec_path: str) -> None:
                       state_dir=spec["state_dir"], loglevel="WARNING",
                       consumer_extra_config=spec["consumer_config"])
     drain = Drain(spec["inputs"], app.stop)
-    left, right = (app.dataframe(app.topic(s["topic"], timestamp_extractor=event_time(s["time_field"])))
-                   .apply(tagger(s["name"], drain)) for s in spec["streams"])
-    joined = left.join_interval(right, how="inner", on_merge="raise", **spec["interval"])
-    joined.to_topic(app.topic(spec["output"], config=TopicConfig(num_partitions=spec["partitions"],
-                                                                 replication_factor=1)))
+    frames = [app.dataframe(app.topic(s["topic"], timestamp_extractor=event_time(s["time_field"])))
+              .apply(tagger(s["name"], drain)) for s in streams(spec)]
+    join(spec, frames).to_topic(app.topic(spec["output"], config=TopicConfig(num_partitions=spec["partitions"],
+                                                                             replication_factor=1)))
     app.run()
     ended = time.perf_counter()
     first = drain.first if drain.first is not None else ended
     print(json.dumps({"seconds": ended - first, "startup_seconds": first - began, "processed": drain.processed,
                       "version": version("quixstreams")}))
+
+
+def main(spec_path: str) -> None:
+    run(spec_path, lambda spec: spec["streams"],
+        lambda spec, frames: frames[0].join_interval(frames[1], how="inner", on_merge="raise", **spec["interval"]))
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def expected(w: Written, release: int, dead: set[TupleRef]) -> list[Result]:
     job = w.job
     accepted = [[t for t in s if t.ts < release and t.ref not in dead] for s in w.tuples]
     terms = compile_terms([s.name for s in job.streams], list(job.join.predicate), job.join.udfs)
-    windows = [RefWindow(**s.window.model_dump()) for s in job.streams]
+    windows = [RefWindow(s.window.range_ms, s.window.rows) for s in job.streams]
     return sorted(reference_theta_join(accepted, windows, pair_predicate(terms)))
 
 

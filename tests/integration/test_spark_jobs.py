@@ -126,7 +126,7 @@ def world(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         streams, lags = read_inputs(job, broker.bootstrap)
         # Count windows are final below the watermark: hold every group's back a little.
         watermarks = {g: max(t.ts for s in streams for t in s) - 300 for g in range(job.partitions)}
-        results = sorted(reference_join(streams, [RefWindow(**s.window.model_dump()) for s in job.streams],
+        results = sorted(reference_join(streams, [RefWindow(s.window.range_ms, s.window.rows) for s in job.streams],
                                         watermarks))
         ts = {t.ref: t.ts for s in streams for t in s}
         write_results(job, broker.bootstrap, results, ts, watermarks)
