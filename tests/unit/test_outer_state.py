@@ -55,6 +55,18 @@ def _batches(seed: int, count: int) -> list[list[tuple[int, int, int]]]:
     return out
 
 
+def _buffers(job, batch: list[tuple[int, int, int]], offsets: list[int]) -> dict[int, RecordBuffer]:  # type: ignore[no-untyped-def]
+    """A batch's (stream, key, ts) rows as JSON records of group GROUP, per stream, at the next
+    `offsets` (advanced)."""
+    buffers = {i: RecordBuffer() for i in (0, 1)}
+    for stream, key, ts in batch:
+        value = json.dumps({"k": key, "ts": ts}).encode()
+        buffers[stream].add(LocalRecord(job.topic_of(job.streams[stream]), GROUP, offsets[stream],
+                                        str(key).encode(), value, ts), GROUP)  # type: ignore[arg-type]
+        offsets[stream] += 1
+    return buffers
+
+
 def _run(job, db: Path, batches: list, restart_at: set[int],
          log: _Log | None = None) -> tuple[list[tuple], WindowedStore]:
     """Every batch through run_cycle and the store; before each batch in `restart_at` the
@@ -70,12 +82,7 @@ def _run(job, db: Path, batches: list, restart_at: set[int],
             store = WindowedStore(Store(db), plan, stream_templates(job), 1 << 30)
         elif n in restart_at:
             store = _moved(job, store, log, db / str(n))
-        buffers = {i: RecordBuffer() for i in (0, 1)}
-        for stream, key, ts in batch:
-            value = json.dumps({"k": key, "ts": ts}).encode()
-            buffers[stream].add(LocalRecord(job.topic_of(job.streams[stream]), GROUP, offsets[stream],
-                                            str(key).encode(), value, ts), GROUP)  # type: ignore[arg-type]
-            offsets[stream] += 1
+        buffers = _buffers(job, batch, offsets)
         # The last batch has no records: a floor far ahead decides every open row (an idle timeout would).
         floors = {GROUP: 10**6} if n == len(batches) else None
         (done,) = run_cycle(job, plan, store, buffers, [routing_for(job, job.partitions)] * 2, now_ms=0,

@@ -6,7 +6,6 @@ letters once each, and tuple counts and hot keys see source tuples, not copies."
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from pathlib import Path
@@ -14,19 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamjoin.bench.local_records import LocalRecord
 from streamjoin.engine.block import KEY
 from streamjoin.engine.reference import RefTuple, reference_window_join
 from streamjoin.engine.result_ids import ABSENT, RESULT_ID_HI, RESULT_ID_LO, WINDOW_START, result_ids
 from streamjoin.services.hash.processor import group_store, join_plan, run_cycle
-from streamjoin.services.io.intake import RecordBuffer, routing_for
+from streamjoin.services.io.intake import routing_for
 from streamjoin.services.io.templates import stream_templates
 from streamjoin.settings import load
 from streamjoin.state.partition import checkpoint_key
 from streamjoin.state.store import Store
 from streamjoin.state.windowed import WindowedStore
 from tests.unit.test_changelog import _Log
-from tests.unit.test_outer_state import GROUP, KEYS, _batches
+from tests.unit.test_outer_state import GROUP, KEYS, _batches, _buffers
 
 pytestmark = pytest.mark.unit
 
@@ -38,16 +36,6 @@ def _job(tmp_path: Path, join_type: str, window: dict, **worker: object):
                 "window": window} for n in "rs"]
     return load(None, job="wj", streams=streams, join={"allowed_lateness_ms": 5, "type": join_type},
                 worker={"state_dir": str(tmp_path), "memory_bytes": 1 << 30, **worker})
-
-
-def _buffers(job, batch: list[tuple[int, int, int]], offsets: list[int]) -> dict[int, RecordBuffer]:
-    buffers = {i: RecordBuffer() for i in (0, 1)}
-    for stream, key, ts in batch:
-        value = json.dumps({"k": key, "ts": ts}).encode()
-        buffers[stream].add(LocalRecord(job.topic_of(job.streams[stream]), GROUP, offsets[stream],
-                                        str(key).encode(), value, ts), GROUP)  # type: ignore[arg-type]
-        offsets[stream] += 1
-    return buffers
 
 
 def _run(job, db: Path, batches: list, restart_at: set[int], log: _Log | None = None):
