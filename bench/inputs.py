@@ -8,7 +8,7 @@ source, the JSON parsed with the verifier's schema of each stream."""
 from __future__ import annotations
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from streamjoin.services.io.kafka import Cluster
@@ -22,17 +22,11 @@ ARRIVAL = "arrival_ms"  # the Kafka record timestamp: when the tuple reached the
 
 def export_inputs(spark: SparkSession, job: JobSettings, cluster: Cluster) -> dict[str, pa.Table]:
     """Per stream: partition, offset, arrival_ms and the stream's fields, in arrival order."""
-    return {name: frame.toArrow().sort_by([(ARRIVAL, "ascending"), ("partition", "ascending"), ("offset", "ascending")])
-            for name, frame in input_frames(spark, job, cluster).items()}
-
-
-def input_frames(spark: SparkSession, job: JobSettings, cluster: Cluster) -> dict[str, DataFrame]:
-    """Per stream, the Spark DataFrame `export_inputs` collects: partition, offset, arrival_ms and
-    the stream's fields (a batch read of its topic; cache it to use it more than once)."""
     out = {}
     for spec in job.streams:
         raw = spark.read.format(KAFKA).options(**kafka_options(cluster)).option("topics", job.topic_of(spec)).load()
         parsed = raw.select("partition", "offset", F.col("timestamp_ms").alias(ARRIVAL),
                             F.from_json(F.col("value").cast("string"), value_schema(spec)).alias("v"))
-        out[spec.name] = parsed.select("partition", "offset", ARRIVAL, "v.*")
+        table = parsed.select("partition", "offset", ARRIVAL, "v.*").toArrow()
+        out[spec.name] = table.sort_by([(ARRIVAL, "ascending"), ("partition", "ascending"), ("offset", "ascending")])
     return out
