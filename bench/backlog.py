@@ -25,7 +25,9 @@ time, as a live producer writes them. The one Python step per tuple left is
 partition's end offset must equal the tuples drawn for it. Producers are
 spawned, not forked (a fork would inherit this process's librdkafka threads),
 so a script that calls `preload` needs multiprocessing's
-`if __name__ == "__main__":` guard; the CLI has it.
+`if __name__ == "__main__":` guard; the CLI has it. `write_backlog` is the
+same writer for any drawn rows that say how to encode themselves (the
+`nexmark` bench's events).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import queue
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -92,6 +94,26 @@ class Chunk:
 
     def take(self, rows: np.ndarray) -> "Chunk":
         return Chunk(self.stream, self.ts[rows], self.key[rows], self.partition[rows])
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def produce(self, producer: Any, job: JobSettings) -> None:
+        produce_chunk(producer, job, self)
+
+
+class Rows(Protocol):
+    """What `write_backlog` hands its producer processes: one stream's rows (`stream`, the index
+    of its spec in the job), each row's partition, and how to encode and produce them."""
+
+    stream: int
+    partition: np.ndarray
+
+    def take(self, rows: np.ndarray) -> "Rows": ...
+
+    def __len__(self) -> int: ...
+
+    def produce(self, producer: Any, job: JobSettings) -> None: ...
 
 
 # ---------------------------------------------------------------- drawing the tuples
@@ -154,19 +176,20 @@ def record_keys(spec: StreamSpec, cols: workloads.Columns) -> pa.LargeBinaryArra
     return key_text([(cols[k], spec.fields[k]) for k in spec.key_fields])
 
 
-def json_values(spec: StreamSpec, cols: workloads.Columns, tuple_bytes: int) -> pa.Array:
+def json_values(spec: StreamSpec, cols: workloads.Columns, tuple_bytes: int | None) -> pa.Array:
     """Each tuple's compact JSON object, as Spark's to_json writes it (the stream's field order),
     with the first free string 'x' * room, room bringing the object to `tuple_bytes` (none if it
     is longer already): whole-array Arrow kernels, no Python per tuple.
 
-    spec: the stream; cols: `tuple_columns`; tuple_bytes: the target record length."""
+    spec: the stream; cols: `tuple_columns`, or any columns whose strings need no escaping;
+    tuple_bytes: the target record length (None: every field as given, no padding)."""
     free = _free_strings(spec)
     pieces: list[Any] = []
     for i, (name, ftype) in enumerate(spec.fields.items()):
         pieces.append(f'{"," if i else "{"}"{name}":')
         pieces.append(_json_text(cols[name], ftype))
     pieces.append("}")
-    if not free:
+    if not free or tuple_bytes is None:
         return _join(pieces)
     # Split around the padded field's (empty) text: head ends with its opening quote.
     at = 2 * list(spec.fields).index(free[0]) + 1
@@ -199,21 +222,32 @@ def preload(job: JobSettings, cluster: kafka.Cluster, plan: BacklogPlan, start_m
     producer processes; returns what was written (tuples per topic, seconds, tuples/s).
 
     Raises RuntimeError when a producer fails or a partition's end offset is not the count drawn."""
+    written = write_backlog(job, cluster, chunks(job, plan, start_ms), plan.producers, plan.tuples, console)
+    return {**written, "start_ms": start_ms, "event_ms": plan.event_ms}
+
+
+def write_backlog(job: JobSettings, cluster: kafka.Cluster, drawn_rows: Iterable[Rows], producers: int,
+                  about: int, console: Console) -> dict:
+    """Create `job`'s topics and write `drawn_rows` into its input topics with `producers`
+    processes, each owning a contiguous slice of the partitions, so every partition holds its
+    rows in the order drawn; `about`: how many rows to expect (the progress bar's total).
+    Returns the tuples per topic, seconds and tuples/s; raises RuntimeError when a producer
+    fails or a partition's end offset is not the count drawn."""
     topics.ensure(cluster.admin(), job)
     drawn = np.zeros((len(job.streams), job.partitions), np.int64)
     ctx = mp.get_context("spawn")
-    inboxes = [ctx.Queue(_QUEUE_CHUNKS) for _ in range(plan.producers)]
+    inboxes = [ctx.Queue(_QUEUE_CHUNKS) for _ in range(producers)]
     outbox = ctx.Queue()
     procs = [ctx.Process(target=_producer, args=(cluster, job.model_dump_json(), i, inboxes[i], outbox), daemon=True)
-             for i in range(plan.producers)]
+             for i in range(producers)]
     began = time.monotonic()
     for p in procs:
         p.start()
     try:
-        with _progress(console, plan.tuples) as (bar, task):
-            for chunk in chunks(job, plan, start_ms):
+        with _progress(console, about) as (bar, task):
+            for chunk in drawn_rows:
                 drawn[chunk.stream] += np.bincount(chunk.partition, minlength=job.partitions)
-                _hand_out(chunk, owners(chunk.partition, job.partitions, plan.producers), inboxes, procs)
+                _hand_out(chunk, owners(chunk.partition, job.partitions, producers), inboxes, procs)
                 _reports(outbox, bar, task, 0)
             for inbox, proc in zip(inboxes, procs):
                 _put(inbox, None, proc)
@@ -226,11 +260,10 @@ def preload(job: JobSettings, cluster: kafka.Cluster, plan: BacklogPlan, start_m
     _check_ends(job, cluster, drawn)
     total = int(drawn.sum())
     return {"tuples": total, "per_topic": {job.topic_of(s): int(drawn[i].sum()) for i, s in enumerate(job.streams)},
-            "producers": plan.producers, "seconds": round(seconds, 2), "tuples_per_s": total / seconds,
-            "start_ms": start_ms, "event_ms": plan.event_ms}
+            "producers": producers, "seconds": round(seconds, 2), "tuples_per_s": total / seconds}
 
 
-def _hand_out(chunk: Chunk, owner: np.ndarray, inboxes: list[Any], procs: list[Any]) -> None:
+def _hand_out(chunk: Rows, owner: np.ndarray, inboxes: list[Any], procs: list[Any]) -> None:
     """Each producer gets the chunk's rows of its partitions, in arrival order (a stable split)."""
     order = np.argsort(owner, kind="stable")
     bounds = np.searchsorted(owner[order], np.arange(len(inboxes) + 1))
@@ -240,7 +273,7 @@ def _hand_out(chunk: Chunk, owner: np.ndarray, inboxes: list[Any], procs: list[A
             _put(inbox, chunk.take(rows), procs[j])
 
 
-def _put(inbox: Any, item: Chunk | None, proc: Any) -> None:
+def _put(inbox: Any, item: Rows | None, proc: Any) -> None:
     """Queue `item` for producer `proc`, waiting while its inbox is full; raises RuntimeError if the
     producer died meanwhile (its inbox would stay full for good)."""
     while True:
@@ -310,8 +343,8 @@ def _producer(cluster: kafka.Cluster, job_json: str, index: int, inbox: Any, out
     try:
         producer = cluster.producer(**PRODUCER_TUNING)
         while (chunk := inbox.get()) is not None:
-            produce_chunk(producer, job, chunk)
-            outbox.put(("chunk", index, len(chunk.ts)))
+            chunk.produce(producer, job)
+            outbox.put(("chunk", index, len(chunk)))
         left = producer.flush(_FLUSH_TIMEOUT_S)
         error = f"{left} records still unsent after {_FLUSH_TIMEOUT_S:.0f}s" if left else None
     except Exception as e:  # reported to the parent, which raises it with the others
@@ -324,9 +357,13 @@ def produce_chunk(producer: Any, job: JobSettings, chunk: Chunk) -> None:
     spec = job.streams[chunk.stream]
     cols = tuple_columns(spec, chunk.ts, chunk.key)
     values = json_values(spec, cols, job.workload.tuple_bytes).cast(pa.binary()).to_pylist()
-    keys = record_keys(spec, cols).to_pylist()
-    topic, produce = job.topic_of(spec), producer.produce
-    for value, key, partition in zip(values, keys, chunk.partition.tolist()):
+    produce_records(producer, job.topic_of(spec), values, record_keys(spec, cols).to_pylist(), chunk.partition)
+
+
+def produce_records(producer: Any, topic: str, values: list[bytes], keys: list[bytes], partitions: np.ndarray) -> None:
+    """Produce the records to their partitions in order; a full local queue serves deliveries and retries."""
+    produce = producer.produce
+    for value, key, partition in zip(values, keys, partitions.tolist()):
         while True:
             try:
                 produce(topic, value, key, partition)

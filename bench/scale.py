@@ -56,7 +56,7 @@ from streamjoin.bench.peers.reference import ref_tuples
 from streamjoin.engine.block import OFF, PART
 from streamjoin.engine.reference import RefWindow, reference_join
 from streamjoin.engine.result_ids import result_ids
-from streamjoin.launcher import Fleet, input_end_offsets
+from streamjoin.launcher import Fleet, forwarded_partitions, input_end_offsets
 from streamjoin.schemas.codecs import DECODERS
 from streamjoin.schemas.result_decode import decode_results
 from streamjoin.schemas.result_format import result_layout
@@ -213,23 +213,36 @@ def drain(env: BenchEnv, source: JobSettings, workers: int, timeout_s: float) ->
 
 def sample_drain(job: JobSettings, bootstrap: str, fleet: Fleet, meter: CpuMeter, timeout_s: float) -> list[Sample]:
     """`meter`'s samples every SAMPLE_S until the job has committed every input record (the input's
-    end offsets as of the start: a backlog does not grow). Raises TimeoutError after `timeout_s`."""
+    end offsets as of the start: a backlog does not grow), then every record it re-routed through
+    its by-key topics (final once the inputs are committed). Raises TimeoutError after `timeout_s`."""
     ends = input_end_offsets(job, bootstrap)
     total = sum(ends.values())
+    cluster = kafka.Cluster.of(job, bootstrap)
     # One consumer of the job's group, never subscribed, asks for its committed offsets: one
     # OffsetFetch request per sample, where launcher.wait_drained builds a client per look.
-    consumer = kafka.Cluster.of(job, bootstrap).consumer(job.consumer_group)
+    consumer = cluster.consumer(job.consumer_group)
+    forwarded: dict[tuple[str, int], int] = {}
     samples: list[Sample] = []
     deadline = time.monotonic() + timeout_s
     try:
-        while not samples or samples[-1].done < total:
+        while True:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{job.job}: {total - samples[-1].done} of {total} inputs still uncommitted after "
-                                   f"{timeout_s:.0f}s; services' last warnings: {fleet.complaints()}")
+                left = total - samples[-1].done if samples else total
+                raise TimeoutError(f"{job.job}: {left} of {total} inputs (or re-routed records) still uncommitted "
+                                   f"after {timeout_s:.0f}s; services' last warnings: {fleet.complaints()}")
             fleet.assert_running()
-            committed = consumer.committed([TopicPartition(t, p) for t, p in ends], timeout=30)
-            samples.append(meter.sample(sum(min(max(tp.offset, 0), ends[(tp.topic, tp.partition)])
-                                            for tp in committed)))
+            wanted = ends | forwarded
+            committed = {(tp.topic, tp.partition): max(tp.offset, 0)
+                         for tp in consumer.committed([TopicPartition(t, p) for t, p in wanted], timeout=30)}
+            samples.append(meter.sample(sum(min(committed[k], end) for k, end in ends.items())))
+            if samples[-1].done >= total:
+                if not forwarded and forwarded_partitions(job):
+                    forwarded = {k: e for k, e in kafka.end_offsets(cluster, forwarded_partitions(job),
+                                                                    f"{job.consumer_group}-probe").items() if e}
+                    if forwarded:
+                        continue
+                if all(committed.get(k, 0) >= end for k, end in forwarded.items()):
+                    break
             time.sleep(SAMPLE_S)
     finally:
         consumer.close()
@@ -241,7 +254,7 @@ def drain_figures(samples: Sequence[Sample]) -> dict:
     committed). A drain done within one sample falls back to the sample before it."""
     last = samples[-1]
     first = next(i for i, s in enumerate(samples) if s.done > 0)
-    start = samples[first - 1 if first == len(samples) - 1 and first else first]
+    start = samples[first - 1 if samples[first].done == last.done and first else first]
     tuples, seconds = last.done - start.done, last.t - start.t
     workers_s = last.workers_s - start.workers_s
     broker_s = None if last.broker_s is None or start.broker_s is None else last.broker_s - start.broker_s

