@@ -23,7 +23,6 @@ the missing pairs whose row reached Kafka no earlier than their order.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -34,8 +33,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.json as pajson
-from confluent_kafka import Message
 
 from streamjoin.bench.asof_workload import PAIR, STREAM, TABLE, spec_of
 from streamjoin.bench.inputs import ARRIVAL
@@ -80,11 +77,8 @@ def row_arrived_later(pairs: pa.Table, tables: dict[str, pa.Table]) -> int:
 
 def read_topic_pairs(cluster: kafka.Cluster, topic: str, partitions: int) -> pa.Table:
     """The PAIR columns of every JSON result in `topic` (read_committed, to its true end)."""
-    records = kafka.read_partitions(cluster, topic, dict.fromkeys(range(partitions), 0), f"{topic}-read")
-    if not records:
-        return _PAIR_SCHEMA.empty_table()
-    results = pajson.read_json(io.BytesIO(b"\n".join(map(Message.value, records))))
-    return results.select(list(PAIR)).cast(_PAIR_SCHEMA)
+    results = quix_peer.read_json(cluster, topic, partitions)
+    return _PAIR_SCHEMA.empty_table() if results is None else results.select(list(PAIR)).cast(_PAIR_SCHEMA)
 
 
 # ---------------------------------------------------------------- Quix Streams

@@ -9,9 +9,11 @@ key domain is chosen for the whole staircase so that output is about as
 large as input (`domain_for`), and the report states what it came to.
 
 The peers join the same input (`run_peers`): Spark Structured Streaming, one
-raw consumer, the reference join, PyFlink from its own venv, and Quix
-Streams' `join_interval` from its own venv, exactly-once on the same topics;
-each engine's exactness is reported beside its throughput.
+raw consumer, the reference join, PyFlink from its own venv, Quix Streams'
+`join_interval` from its own venv, exactly-once on the same topics, and
+Pathway's `interval_join` from its own venv on the same topics; each engine's
+exactness is reported beside its throughput. Pathway and ours are compared
+twice: from a cold start (launch to the last result) and at steady state.
 
 Beside it, a left join (join.type left) on the same workload: its throughput
 beside the inner join's on the same topics, the delay of unmatched rows past
@@ -41,7 +43,7 @@ import numpy as np
 from streamjoin.bench import left_join, ours, report
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.inputs import ARRIVAL, export_inputs
-from streamjoin.bench.peers import kafka_consume, pyflink_peer, quix_peer, reference, spark_peer
+from streamjoin.bench.peers import kafka_consume, pathway_peer, pyflink_peer, quix_peer, reference, spark_peer
 from streamjoin.settings import JobSettings, WindowSpec, load
 
 THRESHOLD_S = 1.0  # capacity: p99 production delay under this
@@ -58,6 +60,7 @@ class Plan:
     spark_files_per_trigger: int  # backlog micro-batch: this many batch intervals of event time per stream
     left: left_join.LeftPlan  # the left-join figure's run
     quix_consumer: dict = field(default_factory=dict)  # the Quix peer's consumer settings beyond its own
+    pathway_threads: int = 2  # Pathway's worker threads: every core of the 2-core machines the figures come from
 
 
 FULL = Plan(window_ms=600_000, partitions=60, workers=(1, 2),
@@ -181,7 +184,10 @@ def run_peers(env: BenchEnv, common: JobSettings, sweep: dict, plan: Plan) -> di
         flink["exact"] = flink["results"] == expected
     with env.phase("Quix Streams peer (its own venv: STREAMJOIN_QUIX_PYTHON or .venv-quix)"):
         quix = quix_peer.run_quix(common, tables, env.cluster, env.workdir, expected, consumer=plan.quix_consumer)
-    return {"spark": spark, "kafka_consume": consume, "reference": floor, "pyflink": flink, "quix": quix}
+    with env.phase("Pathway peer (if STREAMJOIN_PATHWAY_PYTHON names its venv)"):
+        pathway = pathway_peer.run_pathway(common, tables, env.cluster, env.workdir, expected, plan.pathway_threads)
+    return {"spark": spark, "kafka_consume": consume, "reference": floor, "pyflink": flink, "quix": quix,
+            "pathway": pathway}
 
 
 def spark_figures(env: BenchEnv, common: JobSettings, tables: dict, sweep: dict, plan: Plan) -> dict:
@@ -215,12 +221,14 @@ def assemble(job: JobSettings, plan: Plan, quick: bool, sweeps: dict, replays: d
     capacity = {str(k): report.capacity(s["steps"]) for k, s in sweeps.items()}
     reading = {str(k): report.capacity_reading(s["steps"]) for k, s in sweeps.items()}
     throughput = {str(k): r["tuples_per_s"] for k, r in replays.items()}
+    cold = {str(k): r["cold_start_tuples_per_s"] for k, r in replays.items()}
     exact = (all(s["verify"]["verified"] for s in sweeps.values())
              and all(r["identical_to_verified_run"] for r in [*replays.values(), blocks]) and left["exact"])
     ours_figures = {
         "capacity_per_stream": capacity,
         "capacity_reading": reading,
         "throughput_tuples_per_s": throughput,
+        "cold_start_tuples_per_s": cold,
         "sweeps": {str(k): s for k, s in sweeps.items()},
         "replays": {str(k): r for k, r in replays.items()},
         "replay_blocks_1w": blocks,
@@ -228,7 +236,7 @@ def assemble(job: JobSettings, plan: Plan, quick: bool, sweeps: dict, replays: d
     }
     return {"workload": "equijoin", "exact": exact, "parameters": parameters(job, plan, quick),
             "ours": ours_figures, "peers": peers, "left_join": left,
-            "ratios": ratios(capacity, throughput, peers) | {"json_vs_blocks_1w": report.ratio(
+            "ratios": ratios(capacity, throughput, peers) | pathway_ratios(cold, throughput, peers["pathway"]) | {"json_vs_blocks_1w": report.ratio(
                 replays[1]["tuples_per_s"] if 1 in replays else None, blocks["tuples_per_s"],
                 f"backlog throughput, results as {job.output.format} records vs Arrow blocks", "tuples/s")}
             | {f"left_join_{k}": r for k, r in left_join.ratios(left).items()}}
@@ -255,6 +263,19 @@ def ratios(capacity: dict, throughput: dict, peers: dict) -> dict:
         out[f"capacity_{k}w_vs_kafka_consume"] = report.ratio(both, consume["tuples_per_s"],
                                                               "input rate at capacity (both streams) vs raw "
                                                               "consumption", "tuples/s")
+    return out
+
+
+def pathway_ratios(cold: dict, throughput: dict, pathway: dict) -> dict:
+    """Ours over Pathway per worker count, from a cold start and at steady state (none if it did not run)."""
+    if not pathway["ran"]:
+        return {}
+    out = {}
+    for k in throughput:
+        out[f"cold_start_{k}w_vs_pathway"] = report.ratio(cold[k], pathway["cold_start_tuples_per_s"],
+                                                          "backlog from launch to the last result", "tuples/s")
+        out[f"throughput_{k}w_vs_pathway"] = report.ratio(throughput[k], pathway["tuples_per_s"],
+                                                          "backlog throughput, 10%-90% of the input", "tuples/s")
     return out
 
 

@@ -44,6 +44,7 @@ _JOB = Path(__file__).with_name("quix_job.py")
 # bench/peers/ -> the repository root, where ops/setup.sh makes the venv.
 DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-quix" / "bin" / "python"
 PAIR = ("r_partition", "r_offset", "s_partition", "s_offset")  # a result's identity: both inputs'
+TIMESTAMP_MS = "kafka_timestamp_ms"  # read_json's column of the records' Kafka timestamps
 # Tansu's group join waits for max.poll.interval.ms in a rebalance: keep it short.
 _CONSUMER = {"max.poll.interval.ms": 10_000, "session.timeout.ms": 10_000}
 
@@ -56,12 +57,12 @@ def quix_python() -> str | None:
     return str(DEFAULT_PYTHON) if DEFAULT_PYTHON.exists() else None
 
 
-def unsupported(job: JobSettings) -> str | None:
-    """Why the peer cannot run `job`, or None: join_interval is binary, and PAIR names r and s."""
+def unsupported(job: JobSettings, peer: str = "Quix") -> str | None:
+    """Why the `peer` cannot run `job`, or None: interval joins are binary, and PAIR names r and s."""
     if [s.name for s in job.streams] != ["r", "s"]:
-        return f"the Quix peer joins two streams r and s, the job has {[s.name for s in job.streams]}"
+        return f"the {peer} peer joins two streams r and s, the job has {[s.name for s in job.streams]}"
     if any(s.window.range_ms is None for s in job.streams):
-        return "the Quix peer joins RANGE windows, the job counts rows"
+        return f"the {peer} peer joins RANGE windows, the job counts rows"
     return None
 
 
@@ -101,11 +102,17 @@ def rule_pairs(job: JobSettings, tables: dict[str, pa.Table]) -> pa.Table:
     # Straight from the contract, not from `interval`: the check must not share the mapping it checks.
     wr, ws = (int(spec.window.range_ms or 0) for spec in (r, s))
     inside = (st < rt + wr) & (rt < st + ws)
-    return _pairs(joined.filter(pa.array(inside)))
+    return pair_columns(joined.filter(pa.array(inside)))
 
 
-def _pairs(table: pa.Table) -> pa.Table:
+def pair_columns(table: pa.Table) -> pa.Table:
+    """`table`'s PAIR columns, as int64."""
     return table.select(list(PAIR)).cast(pa.schema([(c, pa.int64()) for c in PAIR]))
+
+
+def no_pairs() -> pa.Table:
+    """An empty table of the PAIR columns."""
+    return pa.table({c: pa.array([], pa.int64()) for c in PAIR})
 
 
 def compare(expected: pa.Table, got: pa.Table) -> tuple[dict, pa.Table]:
@@ -137,13 +144,22 @@ def _pairs_side(table: pa.Table, stream: str, time_field: str) -> pa.Table:
     return side.cast(pa.schema([(n, pa.int64()) for n in names]))
 
 
-def read_output(cluster: kafka.Cluster, topic: str, partitions: int) -> pa.Table:
-    """The pair columns of every result in `topic` (read_committed, to its true end)."""
+def read_json(cluster: kafka.Cluster, topic: str, partitions: int, timestamps: bool = False) -> pa.Table | None:
+    """Every JSON record in `topic` as a table (read_committed, to its true end), with each record's
+    Kafka timestamp as TIMESTAMP_MS if `timestamps`; None if it holds none."""
     records = kafka.read_partitions(cluster, topic, dict.fromkeys(range(partitions), 0), f"{topic}-read")
     if not records:
-        return pa.table({c: pa.array([], pa.int64()) for c in PAIR})
-    lines = b"\n".join(map(Message.value, records))
-    return _pairs(pajson.read_json(io.BytesIO(lines)))
+        return None
+    table = pajson.read_json(io.BytesIO(b"\n".join(map(Message.value, records))))
+    if timestamps:
+        table = table.append_column(TIMESTAMP_MS, pa.array([m.timestamp()[1] for m in records], pa.int64()))
+    return table
+
+
+def read_output(cluster: kafka.Cluster, topic: str, partitions: int) -> pa.Table:
+    """The pair columns of every result in `topic`."""
+    table = read_json(cluster, topic, partitions)
+    return no_pairs() if table is None else pair_columns(table)
 
 
 def run_quix(job: JobSettings, tables: dict[str, pa.Table], cluster: kafka.Cluster, workdir: Path,

@@ -21,8 +21,10 @@ def test_bench_equijoin_quick_reports_exact_figures_peers_and_ratios(tmp_path: P
     out, plot = tmp_path / "out.json", tmp_path / "curve.png"
     # A fresh embedded broker, no PyFlink venv (the quick run stays a CI run) and the Quix peer from the
     # repository's .venv-quix (ops/setup.sh makes it), not from whatever STREAMJOIN_QUIX_PYTHON names.
+    # Pathway runs where STREAMJOIN_PATHWAY_PYTHON names its venv (optional: a large install).
     env = {k: v for k, v in os.environ.items()
            if k not in ("STREAMJOIN_BOOTSTRAP", "STREAMJOIN_PYFLINK_PYTHON", "STREAMJOIN_QUIX_PYTHON")}
+    with_pathway = bool(env.get("STREAMJOIN_PATHWAY_PYTHON"))
     done = subprocess.run([sys.executable, "-m", "streamjoin.cli", "bench", "equijoin", "--quick", "--json", str(out),
                            "--plot", str(plot)], capture_output=True, text=True, env=env, timeout=540)
     assert done.returncode == 0, done.stderr[-5000:]
@@ -36,7 +38,7 @@ def test_bench_equijoin_quick_reports_exact_figures_peers_and_ratios(tmp_path: P
     assert data["ours"]["replays"]["1"]["identical_to_verified_run"] is True
 
     peers = data["peers"]
-    assert {"spark", "kafka_consume", "reference", "pyflink", "quix"} <= set(peers)
+    assert {"spark", "kafka_consume", "reference", "pyflink", "quix", "pathway"} <= set(peers)
     assert peers["spark"]["exact"] is True and peers["spark"]["tuples_per_s"] > 0
     assert peers["kafka_consume"]["tuples_per_s"] > 0 and peers["kafka_consume"]["bytes_per_s"] > 0
     assert peers["kafka_consume"]["delivery"]["delay"]["count"] > 0
@@ -53,6 +55,7 @@ def test_bench_equijoin_quick_reports_exact_figures_peers_and_ratios(tmp_path: P
     # What Quix misses is what its look-back cannot see: pairs whose newer member it read first.
     assert quix["missing_newer_arrived_first"] == quix["missing"]
     assert data["ratios"]["throughput_1w_vs_quix"]["peer"] == quix["tuples_per_s"]
+    check_pathway(data, with_pathway)
 
     left = data["left_join"]
     assert left["exact"] is True
@@ -87,3 +90,27 @@ def test_bench_equijoin_quick_reports_exact_figures_peers_and_ratios(tmp_path: P
     assert all(machine["versions"][k] for k in ("python", "pyspark", "confluent_kafka", "tansu", "java"))
     assert data["parameters"]["mode"] == "quick" and data["parameters"]["tuple_bytes"] == 64
     assert plot.stat().st_size > 10_000
+
+
+def check_pathway(data: dict, ran: bool) -> None:
+    """Where its venv is named, Pathway joined the same input, its exactness judged pair by pair and
+    its two figures beside ours; elsewhere it says why it did not run and has no ratio."""
+    pathway, ratios, sweep = data["peers"]["pathway"], data["ratios"], data["ours"]["sweeps"]["1"]
+    if not ran:
+        assert pathway["ran"] is False and "STREAMJOIN_PATHWAY_PYTHON" in pathway["why"]
+        assert not [k for k in ratios if k.endswith("_vs_pathway")]
+        return
+    assert pathway["ran"] is True, pathway.get("why")
+    assert pathway["processed"] == pathway["tuples"] == sweep["verify"]["inputs"]["total"]
+    assert pathway["rule_matches_verified"] is True and pathway["expected"] == sweep["verify"]["expected"]
+    assert all(type(pathway[k]) is int and pathway[k] >= 0 for k in ("missing", "extra", "duplicates", "retracted"))
+    assert pathway["results"] == pathway["expected"] - pathway["missing"] + pathway["extra"] + pathway["duplicates"]
+    assert pathway["exact"] is (pathway["missing"] == pathway["extra"] == pathway["duplicates"]
+                                == pathway["retracted"] == 0)
+    assert 0 < pathway["startup_seconds"] < pathway["wall_seconds"]
+    assert pathway["cold_start_tuples_per_s"] > 0 and pathway["tuples_per_s"] > 0
+    cold, steady = ratios["cold_start_1w_vs_pathway"], ratios["throughput_1w_vs_pathway"]
+    assert cold["ours"] == data["ours"]["cold_start_tuples_per_s"]["1"] > 0
+    assert cold["peer"] == pathway["cold_start_tuples_per_s"]
+    assert steady["ours"] == data["ours"]["throughput_tuples_per_s"]["1"]
+    assert steady["peer"] == pathway["tuples_per_s"]
