@@ -32,6 +32,7 @@ class Share:
     share: float
     count: int
     worker: str
+    code: int | None = None  # the key as the engine holds it (what a split routes by)
 
 
 def shares(beats: dict[str, Heartbeat]) -> dict[Key, Share]:
@@ -45,7 +46,7 @@ def shares(beats: dict[str, Heartbeat]) -> dict[Key, Share]:
         for hot in beat.hot_keys:
             key = (hot.group, hot.key)
             if key not in out or hot.count > out[key].count:
-                out[key] = Share(hot.count / counted, hot.count, worker)
+                out[key] = Share(hot.count / counted, hot.count, worker, hot.code)
     return out
 
 

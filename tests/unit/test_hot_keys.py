@@ -98,7 +98,7 @@ def test_the_worker_reports_its_keys_by_text_over_two_epochs_and_forgets_a_group
     # The next epoch still reports the last one's counts beside its own; the one after drops them.
     counter.observe(3, [block([7] * 10), block([])], now_ms=12_000)
     # 190 counted: key 7 at 70 is above 16% of them, key 9 at 30 below.
-    assert counter.report({3, 5}, now_ms=12_000) == (190, [HotKey(group=3, key="7", count=70)])
+    assert counter.report({3, 5}, now_ms=12_000) == (190, [HotKey(group=3, key="7", count=70, code=7)])
     counted, hot = counter.report({3, 5}, now_ms=25_000)
     assert counted == 10 and [(h.group, h.key) for h in hot] == [(3, "7")]
     counter.forget(3)
@@ -112,7 +112,8 @@ def test_string_keys_are_reported_by_their_text() -> None:
     hashes = np.asarray([11] * 8 + [12, 13], np.int64)  # the KEY column holds hashes of string keys
     texts = np.asarray(["celebrity"] * 8 + ["a", "b"])
     counter.observe(0, [Block({KEY: hashes, "k": texts}), Block({KEY: hashes[:0], "k": texts[:0]})], now_ms=0)
-    assert counter.report({0}, now_ms=1)[1] == [HotKey(group=0, key="celebrity", count=8)]
+    # ... and carry the key as the engine holds it (its hash), which a split routes by.
+    assert counter.report({0}, now_ms=1)[1] == [HotKey(group=0, key="celebrity", count=8, code=11)]
 
 
 # ----------------------------------------------------------------------- the coordinator's view
