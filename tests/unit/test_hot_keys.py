@@ -122,8 +122,8 @@ def sample(name: str, **labels: str) -> float | None:
     return metrics.REGISTRY.get_sample_value(name, labels)
 
 
-def beat(worker: str, counted: int, *hot: tuple[int, str, int]) -> Heartbeat:
-    return Heartbeat(worker=worker, wall_ms=0, keys_counted=counted,
+def beat(worker: str, counted: int, *hot: tuple[int, str, int], groups: tuple[int, ...] = (0, 2, 4)) -> Heartbeat:
+    return Heartbeat(worker=worker, wall_ms=0, keys_counted=counted, groups=list(groups),
                      hot_keys=[HotKey(group=g, key=k, count=c) for g, k, c in hot])
 
 
@@ -152,7 +152,19 @@ def test_a_small_job_has_no_hot_keys_and_a_dead_workers_report_leaves() -> None:
     keys.on_heartbeat(beat("w1", 5000, (0, "k", 4000)), ["w1", "w2"])
     keys.on_heartbeat(beat("w2", 5000), ["w1", "w2"])
     assert set(keys.hot) == {(0, "k")}
-    keys.on_heartbeat(beat("w2", 5000), ["w2"])  # w1 died: its report no longer counts
+    keys.on_heartbeat(beat("w2", 5000), ["w2"])  # w1 died, w2 holds its group: w1's report no longer counts
+    assert not keys.hot
+
+
+def test_a_hot_key_whose_group_nobody_holds_stays_hot_until_its_new_holder_reports() -> None:
+    spec = CoordinatorSpec(hot_key_share=0.3, hot_key_cool_share=0.1, hot_key_min_tuples=1000)
+    keys = HotKeys(spec)
+    keys.on_heartbeat(beat("w1", 5000, (0, "k", 4000), groups=(0,)), ["w1", "w2"])
+    keys.on_heartbeat(beat("w2", 5000, groups=(2,)), ["w2"])  # w1 died; its group fails over
+    assert set(keys.hot) == {(0, "k")}  # not measured, so not cooled: a split would flap through a failover
+    keys.on_heartbeat(beat("w2", 5000, (0, "k", 3000), groups=(0, 2)), ["w2"])
+    assert set(keys.hot) == {(0, "k")}
+    keys.on_heartbeat(beat("w2", 5000, groups=(0, 2)), ["w2"])
     assert not keys.hot
 
 
