@@ -123,12 +123,6 @@ def group_splits(plan: JoinPlan, window: GroupWindow, checkpoint: GroupCheckpoin
     return GroupSplits(active, applied, ends, ended + [r.episode for r in ends], len(plan.streams), copies)
 
 
-def pending(checkpoint: GroupCheckpoint, wanted: Sequence[HotSplit]) -> bool:
-    """Whether any of `wanted` is not applied by the state `checkpoint` describes."""
-    return any(phase(checkpoint, s.episode) != ("merging" if s.merging else "split")
-               and phase(checkpoint, s.episode) != "ended" for s in wanted)
-
-
 def phase(checkpoint: GroupCheckpoint, episode: int) -> SplitPhase | None:
     """How far the group has applied split `episode` (None: not at all)."""
     if episode in checkpoint.splits_ended:
