@@ -1,0 +1,156 @@
+"""One case of the skew bench (bench/skew.py): our runs of the unsplit and the split job on
+the case's input, and the peers on the same input.
+
+  live     (after the backlog runs, at a share of the unsplit run's rate) a fleet joins the input as a paced producer writes it (bench/paced.py: the plan's
+           rate per stream, event time = arrival time) for the plan's seconds; Spark `verify`
+           checks the whole output exact and gives the production delay percentiles (produced_ms
+           minus the Kafka timestamp of the result's newest input). The coordinator's hot-key log
+           events and the workers' hot-key counters are read before the fleet stops.
+  backlog  a fresh fleet drains the case's preloaded input as a backlog, with each run's
+           coordinator settings; Spark verify checks the unsplit run's output exact, and the split
+           run's must equal it id for id (the same input topics give the same result ids).
+           Throughput is read from the committed offsets (sampled every 0.5 s) between
+           `steady_from` and 90% of the input: `steady_from` is the share of the input committed
+           when the split run's first key was split (at least 10%), the same share for both runs,
+           so the detection phase is left out of both and both are measured over the same stretch
+           of the input.
+  peers    the unsplit input exported from the topics (bench/inputs.py): Spark Structured
+           Streaming's stream-stream join on Parquet files of it (bench/peers/spark_peer.py's
+           backlog run) and PyFlink's interval join on CSV files (bench/peers/pyflink_peer.py);
+           each one's result count against the verified one, and its throughput.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import numpy as np
+
+from streamjoin.bench import ours, report
+from streamjoin.bench.adapt_fleet import constant, log_events
+from streamjoin.bench.env import BenchEnv
+from streamjoin.bench.inputs import export_inputs
+from streamjoin.bench.paced import PacedInput
+from streamjoin.bench.peers import pyflink_peer, spark_peer
+from streamjoin.bench.skew_workload import Case, SkewPlan
+from streamjoin.launcher import Fleet, wait_drained
+from streamjoin.settings import JobSettings
+
+HOT_KEY_EVENT = "hot key"  # the coordinator's log event when a key turns hot (services/coordinator/hot_keys.py)
+# The workers' hot-key splitting counters: tuples and bytes sent to more than one sub-group.
+SPLIT_COUNTERS: tuple[str, ...] = ()
+STEADY_FROM = 0.1  # the least share of the input committed before throughput is measured
+
+
+def live_run(env: BenchEnv, job: JobSettings, workers: int, rate: float, seconds: float) -> dict:
+    """`job` on a fleet of `workers` fed at `rate` tuples/s per stream for `seconds`: Spark
+    verify's verdict and delays, the hot keys the coordinator reported, the splitting counters."""
+    fleet, ids = ours.start_fleet(env, job, workers)
+    feed = PacedInput(job, env.bootstrap, constant(rate), seed=job.workload.random_state)
+    began_ms = int(time.time() * 1000)
+    feed.start()
+    time.sleep(seconds)  # the input's length, not a wait for a condition: the drain below waits for one
+    feed.stop()
+    written_s = time.time() - began_ms / 1000
+    wait_drained(job, env.bootstrap, fleet, timeout=max(300.0, 10 * seconds))
+    counters = split_counters(fleet, ids)
+    restarts, verdict = ours.drained_and_verified(env, job, fleet, seconds, job.job)
+    return {"job": job.job, "workers": workers, "inputs": feed.tuples,
+            "rate_per_stream": feed.tuples / len(job.streams) / written_s, "seconds": round(written_s, 2),
+            "restarts": restarts, "hot_keys": hot_keys(fleet, began_ms), "split": counters,
+            "verify": {k: verdict.get(k) for k in ours.VERIFY_KEYS}}
+
+
+def hot_keys(fleet: Fleet, since_ms: int) -> list[dict]:
+    """The coordinator's `hot key` events: each key, its group and share, seconds after `since_ms`."""
+    return [{"key": e.get("key"), "group": e.get("group"), "share": e.get("share"), "worker": e.get("worker"),
+             "after_s": _after_s(e, since_ms)} for e in log_events(fleet, HOT_KEY_EVENT)]
+
+
+def _after_s(event: dict, since_ms: int) -> float | None:
+    stamp = event.get("timestamp")
+    if not stamp:
+        return None
+    return round(datetime.fromisoformat(stamp).timestamp() - since_ms / 1000, 2)
+
+
+def split_counters(fleet: Fleet, workers: list[str]) -> dict[str, float]:
+    """The workers' splitting counters (SPLIT_COUNTERS), summed over the fleet."""
+    totals = dict.fromkeys(SPLIT_COUNTERS, 0.0)
+    for w in workers:
+        for name, value in ours.scrape_counters(fleet.metrics_ports[w], SPLIT_COUNTERS).items():
+            totals[name] += value
+    return totals
+
+
+def backlog_run(env: BenchEnv, source: JobSettings, workers: int, run: str, coordinator: dict) -> tuple[dict, np.ndarray]:
+    """`source`'s input drained as a backlog by a fresh fleet with `coordinator` settings, as job
+    `<source>-backlog-<run>`: its figures with its progress samples (`progress`, for `steady`) and
+    its result ids."""
+
+    def observe(fleet: Fleet, samples: list[tuple[float, float]], began_s: float) -> dict:
+        ids = [w for w in fleet.metrics_ports if w.startswith("worker-")]
+        return {"progress": list(samples), "split": split_counters(fleet, ids),
+                "hot_keys": hot_keys(fleet, int(began_s * 1000))}
+
+    return ours.replay(env, source, workers, name=backlog_name(source, run), coordinator=coordinator, observe=observe)
+
+
+def backlog_name(source: JobSettings, run: str) -> str:
+    return f"{source.job}-backlog-{run}"
+
+
+def verify_backlog(env: BenchEnv, source: JobSettings, workers: int, run: str, coordinator: dict) -> dict:
+    """Spark verify's verdict on the backlog run `run` of `source` (backlog_run's job)."""
+    from streamjoin.services.spark.verify import run_verify
+
+    job = ours.replay_job(env, source, workers, name=backlog_name(source, run), coordinator=coordinator)
+    with env.phase(f"Spark verify of {job.job}"):
+        verdict = run_verify(job, env.cluster)
+    return {k: verdict.get(k) for k in ours.VERIFY_KEYS}
+
+
+def steady(runs: dict[str, dict], split_s: float | None) -> float:
+    """Each run's `tuples_per_s_steady` (and `steady_from`) between the same share of its input and
+    90%: the share the split run had committed `split_s` seconds after its start (None: no split,
+    STEADY_FROM); pops the runs' progress samples. Returns that share."""
+    split_run = runs.get("split")
+    share = STEADY_FROM
+    if split_s is not None and split_run is not None:
+        t = np.array([s for s, _ in split_run["progress"]])
+        done = np.array([n for _, n in split_run["progress"]])
+        at = int(np.searchsorted(t, split_s, side="left"))
+        if at < len(done) and done[-1] > 0:
+            share = max(STEADY_FROM, float(done[at] / done[-1]))
+    for r in runs.values():
+        samples = r.pop("progress")
+        r["steady_from"] = share
+        r["tuples_per_s_steady"] = report.sustained_rate(samples, share, 0.9) if share < 0.9 else None
+    return share
+
+
+def peers(env: BenchEnv, job: JobSettings, plan: SkewPlan, case: Case, expected: int, pyflink: bool) -> dict:
+    """Spark (and, with `pyflink`, PyFlink) on `job`'s input exported from the topics, each
+    judged by its result count against the verified `expected`."""
+    workdir = env.workdir / f"peers-{case.name}"
+    with env.phase(f"exporting {case.name}'s input for the peers"):
+        tables = export_inputs(env.spark, job, env.cluster)
+    ms = job.worker.batch_ms
+    slices = {s.name: spark_peer.Slices.cut(tables[s.name], s.time_field, ms, [0]) for s in job.streams}
+    with env.phase(f"Spark peer on {case.name}, backlog"):
+        spark = spark_peer.run_backlog(env.spark, job, slices, spark_peer.key_equality(job), workdir / "spark",
+                                       plan.spark_files_per_trigger)
+    spark |= {"exact": spark["results"] == expected, "expected": expected,
+              "how": f"Structured Streaming stream-stream inner join on Parquet file sources (a file per stream per "
+                     f"{ms} ms of event time, {plan.spark_files_per_trigger} files per trigger), watermark "
+                     f"{job.join.allowed_lateness_ms} ms, condition k = k and t_s < t_r + W and t_r < t_s + W"}
+    if not pyflink:
+        flink = {"ran": False, "why": "run on the headline case only (each run starts its own JVM)"}
+    else:
+        with env.phase(f"PyFlink peer on {case.name} (if STREAMJOIN_PYFLINK_PYTHON names its venv)"):
+            flink = pyflink_peer.run_pyflink(job, tables, workdir)
+        if flink["ran"]:
+            flink["exact"] = flink["results"] == expected
+    return {"spark": spark, "pyflink": flink}
+
