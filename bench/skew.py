@@ -39,8 +39,9 @@ from streamjoin.bench import report
 from streamjoin.bench.backlog import preload
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.skew_runs import backlog_run, live_run, peers, steady, verify_backlog
-from streamjoin.bench.skew_workload import (DETECTION, EXPONENTS, FULL, HEADLINE, QUICK, SHARES, Case, SkewPlan,
-                                            coordinator_settings, live_job, source_job, splitting_available)
+from streamjoin.bench.skew_workload import (DETECTION, EXPONENTS, FULL, HEADLINE, MAX_BATCH_RECORDS, QUICK, SHARES,
+                                            Case, SkewPlan, coordinator_settings, live_job, source_job,
+                                            splitting_available)
 
 GOAL = 2.0  # the acceptance: split throughput >= 2x unsplit, split p99 <= half of unsplit's, on the headline
 
@@ -99,8 +100,7 @@ def _first_split_s(run: dict | None) -> float | None:
     """Seconds after the split backlog run's start at which its first key was split."""
     if run is None:
         return None
-    times = [e["after_s"] for e in run.get("splits", []) if e.get("after_s") is not None]
-    return min(times) if times else None
+    return min((e["after_s"] for e in run["splits"]), default=None)
 
 
 # ---------------------------------------------------------------- the report
@@ -169,7 +169,10 @@ def parameters(plan: SkewPlan, quick: bool, workers: int) -> dict:
                          "holds as many tuples as the backlog's",
             "live_seconds": plan.live_seconds, "headline_live_seconds": plan.headline_seconds,
             "partitions": plan.partitions, "domain": plan.domain, "random_state": plan.random_state,
-            "live_rate_cap_per_stream": plan.live_rate_cap, "detection": DETECTION | {"hot_key_min_tuples": plan.hot_key_min_tuples}, "splitting_in_build": splitting_available(),
+            "max_batch_records": MAX_BATCH_RECORDS,
+            "live_rate_cap_per_stream": plan.live_rate_cap,
+            "detection": DETECTION | {"hot_key_min_tuples": plan.hot_key_min_tuples},
+            "splitting_in_build": splitting_available(),
             "spark_files_per_trigger": plan.spark_files_per_trigger, "arrivals": "Poisson",
             "generator": "services/workloads.py kind zipf: the backlog by bench/backlog.py, the live input by "
                          "bench/paced.py (100 ms ticks)",

@@ -1,11 +1,6 @@
 """One case of the skew bench (bench/skew.py): our runs of the unsplit and the split job on
 the case's input, and the peers on the same input.
 
-  live     (after the backlog runs, at a share of the unsplit run's rate) a fleet joins the input as a paced producer writes it (bench/paced.py: the plan's
-           rate per stream, event time = arrival time) for the plan's seconds; Spark `verify`
-           checks the whole output exact and gives the production delay percentiles (produced_ms
-           minus the Kafka timestamp of the result's newest input). The coordinator's hot-key log
-           events and the workers' hot-key counters are read before the fleet stops.
   backlog  a fresh fleet drains the case's preloaded input as a backlog, with each run's
            coordinator settings; Spark verify checks the unsplit run's output exact, and the split
            run's must equal it id for id (the same input topics give the same result ids).
@@ -14,10 +9,17 @@ the case's input, and the peers on the same input.
            when the split run's first key was split (at least 10%), the same share for both runs,
            so the detection phase is left out of both and both are measured over the same stretch
            of the input.
-  peers    the unsplit input exported from the topics (bench/inputs.py): Spark Structured
-           Streaming's stream-stream join on Parquet files of it (bench/peers/spark_peer.py's
-           backlog run) and PyFlink's interval join on CSV files (bench/peers/pyflink_peer.py);
-           each one's result count against the verified one, and its throughput.
+  live     then a fleet joins the input as a paced producer writes it (bench/paced.py, event time
+           = arrival time) at a share of the unsplit drain's rate; Spark `verify` checks the whole
+           output exact and gives the production delay percentiles (produced_ms minus the Kafka
+           timestamp of the result's newest input).
+  peers    the backlog exported from the topics (bench/inputs.py): Spark Structured Streaming's
+           stream-stream join on Parquet files of it (bench/peers/spark_peer.py's backlog run) and
+           PyFlink's interval join on CSV files (bench/peers/pyflink_peer.py); each one's result
+           count against the verified one, and its throughput.
+
+Every run also reports the keys the coordinator logged hot, the split episodes its workers'
+heartbeats say their groups applied (and when), and the workers' splitting counters.
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ from streamjoin.bench.paced import PacedInput
 from streamjoin.bench.peers import pyflink_peer, spark_peer
 from streamjoin.bench.skew_workload import Case, SkewPlan
 from streamjoin.launcher import Fleet, wait_drained
+from streamjoin.services.coordinator.status import heartbeats_since
 from streamjoin.settings import JobSettings
 
 HOT_KEY_EVENT = "hot key"  # the coordinator's log event when a key turns hot (services/coordinator/hot_keys.py)
-# The workers' hot-key splitting counters: tuples and bytes sent to more than one sub-group.
+# The workers' hot-key splitting counters (tuples and bytes sent to the slots), summed over the
+# fleet: none until the workers export them.
 SPLIT_COUNTERS: tuple[str, ...] = ()
+SPLIT_IN_EFFECT = "split"  # a heartbeat's phase of a split episode its group has applied
 STEADY_FROM = 0.1  # the least share of the input committed before throughput is measured
 
 
@@ -58,8 +63,21 @@ def live_run(env: BenchEnv, job: JobSettings, workers: int, rate: float, seconds
     restarts, verdict = ours.drained_and_verified(env, job, fleet, seconds, job.job)
     return {"job": job.job, "workers": workers, "inputs": feed.tuples,
             "rate_per_stream": feed.tuples / len(job.streams) / written_s, "seconds": round(written_s, 2),
-            "restarts": restarts, "hot_keys": hot_keys(fleet, began_ms), "split": counters,
-            "verify": {k: verdict.get(k) for k in ours.VERIFY_KEYS}}
+            "restarts": restarts, "hot_keys": hot_keys(fleet, began_ms), "splits": splits(env, job, began_ms),
+            "split": counters, "verify": {k: verdict.get(k) for k in ours.VERIFY_KEYS}}
+
+
+def splits(env: BenchEnv, job: JobSettings, since_ms: int) -> list[dict]:
+    """Each split episode of the run from `since_ms` on: the worker whose group applied it and
+    when, in seconds after `since_ms`, as the first of its heartbeats that says so."""
+    beats = heartbeats_since(job, env.cluster, time.time() - since_ms / 1000 + 5)
+    first: dict[int, dict] = {}
+    for beat in sorted(beats, key=lambda b: b.wall_ms):
+        for episode, phase in getattr(beat, "splits", {}).items():
+            if phase == SPLIT_IN_EFFECT and episode not in first and beat.wall_ms >= since_ms:
+                first[episode] = {"episode": episode, "worker": beat.worker,
+                                  "after_s": round((beat.wall_ms - since_ms) / 1000, 2)}
+    return sorted(first.values(), key=lambda e: e["after_s"])
 
 
 def hot_keys(fleet: Fleet, since_ms: int) -> list[dict]:
@@ -84,15 +102,17 @@ def split_counters(fleet: Fleet, workers: list[str]) -> dict[str, float]:
     return totals
 
 
-def backlog_run(env: BenchEnv, source: JobSettings, workers: int, run: str, coordinator: dict) -> tuple[dict, np.ndarray]:
+def backlog_run(env: BenchEnv, source: JobSettings, workers: int, run: str,
+                coordinator: dict) -> tuple[dict, np.ndarray]:
     """`source`'s input drained as a backlog by a fresh fleet with `coordinator` settings, as job
     `<source>-backlog-<run>`: its figures with its progress samples (`progress`, for `steady`) and
     its result ids."""
 
     def observe(fleet: Fleet, samples: list[tuple[float, float]], began_s: float) -> dict:
         ids = [w for w in fleet.metrics_ports if w.startswith("worker-")]
-        return {"progress": list(samples), "split": split_counters(fleet, ids),
-                "hot_keys": hot_keys(fleet, int(began_s * 1000))}
+        since_ms = int(began_s * 1000)
+        return {"progress": list(samples), "split": split_counters(fleet, ids), "hot_keys": hot_keys(fleet, since_ms),
+                "splits": splits(env, fleet.job, since_ms)}
 
     return ours.replay(env, source, workers, name=backlog_name(source, run), coordinator=coordinator, observe=observe)
 

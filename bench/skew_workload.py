@@ -29,6 +29,11 @@ from streamjoin.settings.coordinator import CoordinatorSpec
 # unsplit runs keep the same thresholds (they detect and report the key, and leave it whole).
 DETECTION = {"hot_key_share": 0.08, "hot_key_cool_share": 0.04, "reorg_epoch_ms": 1000}
 SLOTS_SETTING = "hot_key_slots"
+# A batch's hot-key tuples are probed against all of that key's state and batch before the
+# window prunes them (engine/window_join.py's probe_all), so a worker's memory grows with the
+# square of a hot key's tuples in one batch: a backlog batch of the default 200,000 records took
+# workers past 4 GB on a 40,000-tuple backlog here. Both runs take batches of at most this many.
+MAX_BATCH_RECORDS = 5000
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class SkewPlan:
 EXPONENTS = (0.8, 1.0, 1.2, 1.5)
 SHARES = (0.1, 0.25, 0.4, 0.5)
 FULL = SkewPlan(cases=(*(Case(a, 0.0) for a in EXPONENTS), *(Case(0.0, s) for s in SHARES)),
-                backlog_tuples=200_000, event_rate=1000, window_ms=20, load=0.8, live_seconds=10,
+                backlog_tuples=120_000, event_rate=1000, window_ms=20, load=0.8, live_seconds=10,
                 headline_seconds=20, partitions=12, domain=4096, spark_files_per_trigger=50, pyflink=False,
                 workers=3, hot_key_min_tuples=500)
 QUICK = SkewPlan(cases=(HEADLINE,), backlog_tuples=4000, event_rate=500, window_ms=40, load=0.8, live_seconds=3,
@@ -124,7 +129,9 @@ def source_job(env: BenchEnv, plan: SkewPlan, case: Case) -> JobSettings:
     workload = job.workload.model_copy(update={
         "kind": "zipf", "zipf_exponent": case.exponent, "top_key_share": case.share, "domain": plan.domain,
         "rate": plan.event_rate, "random_state": plan.random_state})
-    job = job.model_copy(update={"streams": streams, "partitions": plan.partitions, "workload": workload})
+    worker = job.worker.model_copy(update={"max_batch_records": MAX_BATCH_RECORDS})
+    job = job.model_copy(update={"streams": streams, "partitions": plan.partitions, "workload": workload,
+                                 "worker": worker})
     return ours.fleet_job(job, env, f"skew-{case.name}", 1).model_copy(
         update={"coordinator": job.coordinator.model_copy(update=coordinator_settings(plan, 0))})
 
