@@ -41,12 +41,14 @@ def case(split_tput: float, split_p99: float, identical: bool = True) -> dict:
                         "live": {"verify": verdict(800.0)}},
             "split": {"backlog": {"tuples_per_s": 1800.0, "tuples_per_s_steady": split_tput,
                                   "identical_to_verified_run": identical},
-                      "live": {"verify": verdict(split_p99)}},
-            "peers": {"spark": {"tuples_per_s": 300.0}, "pyflink": {"ran": False, "why": "no venv"}}}
+                      "live": {"verify": verdict(split_p99)}}}
+
+
+PEERS = {"spark": {"tuples_per_s": 300.0}, "pyflink": {"ran": False, "why": "no venv"}}
 
 
 def test_ratios_divide_the_figures_they_carry() -> None:
-    r = skew.ratios("c", case(2500.0, 200.0))
+    r = skew.ratios("c", case(2500.0, 200.0), PEERS)
     assert r["c_split_vs_unsplit_throughput"]["ratio"] == pytest.approx(2.5)
     assert r["c_unsplit_vs_split_p99"]["ratio"] == pytest.approx(4.0)
     for name in ("c_unsplit_vs_spark_throughput", "c_split_vs_spark_throughput"):
@@ -71,4 +73,14 @@ def test_acceptance_without_a_split_run_is_undecided() -> None:
     c = case(2500.0, 200.0)
     c["split"] = {"ran": False, "why": "no splitting"}
     assert skew.acceptance({skew.HEADLINE.name: c}, 3)["met"] is None
-    assert all(skew.exact_runs(c)) and list(skew.ratios("c", c)) == ["c_unsplit_vs_spark_throughput"]
+    assert all(skew.exact_runs(c)) and list(skew.ratios("c", c, PEERS)) == ["c_unsplit_vs_spark_throughput"]
+
+
+def test_the_report_takes_the_peers_out_of_the_cases_and_judges_the_headline() -> None:
+    cases = {skew.HEADLINE.name: case(2500.0, 200.0) | {"peers": PEERS}}
+    got = skew.assemble(skew.QUICK, True, 3, cases)
+    name = skew.HEADLINE.name
+    assert got["exact"] is True and got["peers"] == {name: PEERS} and "peers" not in got["ours"]["cases"][name]
+    assert set(got["ratios"]) == {f"{name}_split_vs_unsplit_throughput", f"{name}_unsplit_vs_split_p99",
+                                  f"{name}_unsplit_vs_spark_throughput", f"{name}_split_vs_spark_throughput"}
+    assert got["acceptance"]["met"] is True and got["acceptance"]["throughput_ratio"] == pytest.approx(2.5)
