@@ -303,10 +303,8 @@ def replay(env: BenchEnv, source: JobSettings, workers: int, output_format: str 
 
 
 def read_results(cluster: kafka.Cluster, job: JobSettings, columns: Sequence[str]) -> dict[str, np.ndarray]:
-    """The given columns of every result in the job's results topic, in its output format (every
-    partition the topic has: hash mode's hot-key slots write results beyond the partition groups)."""
-    partitions = cluster.admin().list_topics(job.results_topic, timeout=30).topics[job.results_topic].partitions
-    records = kafka.read_partitions(cluster, job.results_topic, dict.fromkeys(sorted(partitions), 0),
+    """The given columns of every result in the job's results topic, in its output format."""
+    records = kafka.read_partitions(cluster, job.results_topic, dict.fromkeys(range(job.group_count), 0),
                                     f"{job.consumer_group}-bench-read")
     decoded = decode_results(result_layout(job), job.output.format, [m.value() for m in records])
     if decoded.rejects:

@@ -22,6 +22,7 @@ time seen, because topics interleave arbitrarily.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -114,6 +115,9 @@ class BatchOutcome:
     # (engine/outer.py).
     marks: dict[int, Block] = field(default_factory=dict)
     unmatched: int = 0  # null-padded rows emitted for rows proven unmatched
+    # Per stream, every tuple judged on time: `accepted` and, where `divert` took some away
+    # (a split hot key's tuples bound for other sub-groups: engine/hot_split.py), those too.
+    on_time: list[Block] = field(default_factory=list)
 
 
 def empty_window(plan: JoinPlan, templates: list[Block]) -> GroupWindow:
@@ -123,7 +127,8 @@ def empty_window(plan: JoinPlan, templates: list[Block]) -> GroupWindow:
 
 def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_ms: int,
                   idle: frozenset[int] = frozenset(), floor: int = NO_TIME,
-                  bound: tuple[int | None, int | None] | None = None) -> BatchOutcome:
+                  bound: tuple[int | None, int | None] | None = None,
+                  divert: Callable[[list[Block]], list[Block]] | None = None) -> BatchOutcome:
     """Join one batch of new tuples into the group's window (mutates `window`).
 
     `deltas`: per stream, the new tuples (may be empty: a batch with none still advances the
@@ -131,7 +136,11 @@ def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_
     `floor`: the watermark after the batch is at least this; `bound`: event times the streams'
     newest-time minimum may not pass, as if one more input stood at it: the one the batch's
     tuples are judged late with, and the one the watermark after it takes (None: no bound;
-    the progress of the partitions that re-route to the group, services/hash/progress.py)."""
+    the progress of the partitions that re-route to the group, services/hash/progress.py);
+    `divert`: given the on-time tuples per stream, the ones this group's window joins and
+    takes (a split hot key sends the others to its sub-groups: engine/hot_split.py). Lateness
+    and the watermark are judged on every on-time tuple, diverted or not, so they are those of
+    the unsplit group."""
     wm_before = window.watermark
     before, after = bound or (None, None)
     accepted, late = [], []
@@ -139,26 +148,27 @@ def process_batch(plan: JoinPlan, window: GroupWindow, deltas: list[Block], now_
     extra = [] if before is None else [window.runs[0].template]
     judged = late_in_batch(deltas + extra, list(window.max_ts) + ([before] if extra else []), idle, plan.lateness_ms)
     for d, behind in zip(deltas, judged):
-        on_time = (d[TS] >= wm_before) & ~behind
-        accepted.append(sort_by_key_time(d.filter(on_time)))
-        late.append(d.filter(~on_time))
+        timely = (d[TS] >= wm_before) & ~behind
+        accepted.append(sort_by_key_time(d.filter(timely)))
+        late.append(d.filter(~timely))
+    on_time, accepted = accepted, divert(accepted) if divert is not None else accepted
     if plan.on_watermark:
         for i, d in enumerate(accepted):
             window.runs[i].add(d)
-        _advance_watermark(plan, window, accepted, idle, floor, after)
+        _advance_watermark(plan, window, on_time, idle, floor, after)
         results = _emit_on_watermark(plan, window, wm_before, window.watermark, now_ms)
     else:
         results = _emit_eager(plan, window, accepted, now_ms)
-        _advance_watermark(plan, window, accepted, idle, floor, after)
+        _advance_watermark(plan, window, on_time, idle, floor, after)
     if plan.join_type == "inner":
         expire(plan, window)
-        return BatchOutcome(results, late, wm_before, window.watermark, accepted)
+        return BatchOutcome(results, late, wm_before, window.watermark, accepted, on_time=on_time)
     marks, first = _record_matches(plan, window, results, now_ms)
     expired = expire(plan, window)
     unmatched = [_unmatched(plan, window, i, expired[i], now_ms) for i in plan.decided]
     emitted = {"semi": first, "anti": unmatched}.get(plan.join_type, [results, *unmatched])
     return BatchOutcome(concat(emitted) if emitted else results.take(np.empty(0, np.int64)), late, wm_before,
-                        window.watermark, accepted, marks, sum(len(u) for u in unmatched))
+                        window.watermark, accepted, marks, sum(len(u) for u in unmatched), on_time)
 
 
 def _record_matches(plan: JoinPlan, window: GroupWindow, results: Block,

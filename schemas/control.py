@@ -17,6 +17,25 @@ class HotKey(BaseModel):
     group: int
     key: str  # the key's canonical text (schemas/join_keys.py)
     count: int  # tuples of it counted (a Misra-Gries estimate: never above the true count)
+    code: int | None = None  # the key as the engine holds it (its KEY column: the value, or a hash)
+
+
+SplitPhase = Literal["split", "merging", "ended"]
+
+
+class HotSplit(BaseModel):
+    """A hot key split over slots (docs/modes/hash.md, splitting a hot key): stored by the
+    coordinator on the placement topic (key `split/<episode>`), sent to the owner of `group`
+    with its assignment, and recorded in the commit of the batch of `group` that applied it,
+    so a replay applies it at the same batch. `merging`: the key cooled; the group stops
+    spreading it and ends the episode once its slots can hold no partner of a later tuple."""
+
+    episode: int = Field(ge=1)
+    group: int = Field(ge=0)
+    key: str
+    code: int
+    slots: list[int]
+    merging: bool = False
 
 
 class Heartbeat(BaseModel):
@@ -63,6 +82,9 @@ class Heartbeat(BaseModel):
     # reorganisation epoch, and the keys at or above coordinator.hot_key_cool_share of them.
     keys_counted: int = 0
     hot_keys: list[HotKey] = Field(default_factory=list)
+    # Split hot keys (services/hash/split.py): per episode of a group this worker holds, how far
+    # the group has applied it, as its checkpoint says.
+    splits: dict[int, SplitPhase] = Field(default_factory=dict)
 
 
 class RingLayout(BaseModel):
@@ -133,6 +155,8 @@ class Assignment(BaseModel):
     # receiver fences their transactions, so a dead worker that was only paused (a zombie)
     # can commit nothing more.
     fence: list[str] = Field(default_factory=list)
+    # The split hot keys of `groups` (applied at each group's next batch; services/hash/split.py).
+    splits: list[HotSplit] = Field(default_factory=list)
 
 
 FIRST_EPOCH = 1  # the placement epoch of a job's first placement; every move makes a newer one

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, TypeAdapter
 
 from streamjoin.engine.result_ids import EVENT_TIME, PRODUCED_MS, RESULT_ID_HI, RESULT_ID_LO
+from streamjoin.schemas.control import HotSplit
 
 __all__ = ["EVENT_TIME", "PRODUCED_MS", "RESULT_ID_HI", "RESULT_ID_LO", "BatchCommit", "RoundRelease", "Commit",
            "decode_commit", "dead_letter_headers", "dead_letter_ref", "decode_headers", "ref_columns"]
@@ -53,6 +54,9 @@ class BatchCommit(BaseModel):
     # Deferred spill: the first batch of the generation the batch was decided in (a push before
     # it starts a new one: replay pushes at the same batch).
     generation_start: int = 0
+    # Split hot keys: the splits and merges the batch applied (services/hash/split.py): replay
+    # applies them at the same batch.
+    splits_applied: list[HotSplit] = Field(default_factory=list)
 
 
 class RoundRelease(BaseModel):

@@ -108,6 +108,12 @@ UNMATCHED_DELAY_SECONDS = BlockHistogram(
     DELAY_BUCKETS, REGISTRY)
 REPARTITIONED = Counter("streamjoin_repartitioned_records", "Misrouted records forwarded to their group's "
                         "by-key partition (join.repartition: auto)", ["stream"], registry=REGISTRY)
+SPLIT_SENT = Counter("streamjoin_split_sent_tuples", "Tuples of split hot keys a group sent its slots, by kind: "
+                     "fragmented (its share of the spread stream: joined in the slot only) and replicated (the other "
+                     "stream's, sent to every slot, the window's copy at the split included)", ["kind"],
+                     registry=REGISTRY)
+SPLIT_SKIPPED = Counter("streamjoin_split_records_skipped", "Records a slot read on <job>.split and skipped as taken "
+                        "before (a retried write) or of an episode it no longer serves", registry=REGISTRY)
 REPARTITION_DUPLICATES = Counter("streamjoin_repartition_duplicates", "Forwarded records seen again after a retried "
                                  "cycle, and skipped", registry=REGISTRY)
 RECOVERED_BATCHES = Counter("streamjoin_recovered_batches", "Batches replayed at start to catch state up",
@@ -142,6 +148,15 @@ HOT_KEYS = Gauge("streamjoin_coordinator_hot_keys", "Join keys the coordinator h
 HOT_KEY_SHARE = Gauge("streamjoin_coordinator_hot_key_share", "Each hot key's share of the job's input, by "
                       "partition group and key (the series goes when the key cools)", ["group", "key"],
                       registry=REGISTRY)
+SPLIT_KEYS = Gauge("streamjoin_coordinator_split_keys", "Hot keys split over slots (coordinator.hot_key_slots), "
+                   "by partition group and key: the split factor (sub-groups: the group and its slots) while the "
+                   "split or its merge is in force (the series goes when the merge ends)", ["group", "key"],
+                   registry=REGISTRY)
+SPLIT_REFUSALS = Counter("streamjoin_coordinator_split_refusals_total", "Hot keys left unsplit, by reason: "
+                         "multiway, as-of, count-window, full-join (the join cannot split exactly), no-slot (no free "
+                         "slot on another alive worker)", ["reason"], registry=REGISTRY)
+SPLIT_EPISODES = Counter("streamjoin_coordinator_split_episodes_total", "Hot key splits by step: split (started), "
+                         "merging (the key cooled), merged (ended, its slots free)", ["step"], registry=REGISTRY)
 PUSH_ORDERS = Counter("streamjoin_coordinator_push_orders_total", "Push orders sent to workers (active-disk, the "
                       "spill paper's section 6: the worker with the lowest output rate per group pushes state to disk)",
                       registry=REGISTRY)

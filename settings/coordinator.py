@@ -102,6 +102,13 @@ class CoordinatorSpec(StrictModel):
         description="a hot key stays hot until its share falls below this (below hot_key_share, so that a key "
                     "near the threshold does not flap)")
 
+    hot_key_slots: int = Field(
+        default=0, ge=0, le=256,
+        description="hash mode: sub-group slots for splitting hot keys (0: keys are never split). A hot key of a "
+                    "2-way time-window join is spread over its group and up to this many slots placed on other "
+                    "workers, and merged back once it cools; the per-group topics get partitions + hot_key_slots "
+                    "partitions, so set it before the job's topics are created")
+
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> "CoordinatorSpec":
         if self.hot_key_cool_share >= self.hot_key_share:

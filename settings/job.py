@@ -141,6 +141,7 @@ class JobSettings(TopicNames, BaseModel):
             self._check_hash_mode()
         else:
             self._check_predicate()
+        self._check_hot_key_slots()
         if self.join.mode == "ring":
             self._check_ring_mode()
         if self.join.mode == "splitjoin":
@@ -275,6 +276,29 @@ class JobSettings(TopicNames, BaseModel):
         key_types = {tuple(s.fields[k] for k in s.key_fields) for s in self.streams}
         if len(key_types) != 1:
             raise ValueError(f"all streams must have key fields of the same types for an equi-join, got {key_types}")
+
+    def _check_hot_key_slots(self) -> None:
+        """Splitting hot keys runs in hash mode's groups, and only where every tuple of a group is
+        in its window in memory (a deferred generation is joined by its own group alone)."""
+        if not self.coordinator.hot_key_slots:
+            return
+        if self.join.mode != "hash":
+            raise ValueError(f"coordinator.hot_key_slots needs join.mode hash: it splits a partition group's key "
+                             f"over other groups, which {self.join.mode} mode does not have")
+        if self.worker.spill.mode == "deferred":
+            raise ValueError("coordinator.hot_key_slots needs worker.spill.mode probe: a deferred generation's tuples "
+                             "are joined only by their own group's clean-up, so a slot could never meet them")
+
+    @property
+    def slots(self) -> range:
+        """Hash mode's slot groups (coordinator.hot_key_slots), numbered after the partition groups."""
+        return range(self.partitions, self.partitions + self.coordinator.hot_key_slots)
+
+    @property
+    def group_count(self) -> int:
+        """Partition groups and slots: the partitions of every per-group topic (commits, changelog,
+        dead letters, results)."""
+        return self.partitions + self.coordinator.hot_key_slots
 
     def _check_predicate(self) -> None:
         """Ring and SplitJoin modes: terms name existing fields, bands numeric ones, UDFs registered ones."""

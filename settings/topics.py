@@ -303,6 +303,12 @@ class TopicNames:
         """Internal (hash mode): partition g holds group g's state writes (state/changelog.py)."""
         return f"{self.job}.changelog"
 
+    @property
+    def split_topic(self) -> str:
+        """Internal (hash mode, coordinator.hot_key_slots): partition j holds what the groups with a
+        split hot key send slot j (schemas/split_records.py)."""
+        return f"{self.job}.split"
+
     def by_key_topic(self, stream: StreamSpec) -> str:
         """Internal (hash mode): `stream`'s records re-routed to the partition of their join key."""
         return f"{self.job}.{stream.name}.by-key"

@@ -1,14 +1,40 @@
 """What a partition group's stored state reflects: the last batch applied,
 its input boundary, the watermark, the repartitioning marks and progress, and where in the
 results, commits and dead-letter partitions the next batch's records begin
-(recovery reads from there), and where in the changelog the records this
-state is built from begin."""
+(recovery reads from there), where in the changelog the records this
+state is built from begin, and the hot keys split over slots: the routing a
+group's batches apply (`SplitRouting`) and, for a slot, the split it serves
+(`SlotInput`), so a replayed batch routes and takes what the original did."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
 from streamjoin.engine.window_join import NO_TIME
+
+
+class SplitRouting(BaseModel):
+    """A hot key of this group split over slots (services/hash/split.py): its `episode`, the
+    key (`code`, its KEY column value), the `slots`, the stream spread over them
+    (`fragment`), whether it is `merging` (the key cooled: nothing is spread any more), and
+    the newest event time of a fragmented tuple sent to a slot (a merge ends a window after it)."""
+
+    episode: int
+    code: int
+    slots: list[int]
+    fragment: int
+    merging: bool = False
+    newest: int = NO_TIME
+
+
+class SlotInput(BaseModel):
+    """A slot's input (services/hash/split.py): the split `episode` it serves, from `group`,
+    whose batch `seq` it took last, and whether that episode `ended` (its state dropped)."""
+
+    episode: int = 0
+    group: int = -1
+    seq: int = 0
+    ended: bool = True
 
 
 class GroupCheckpoint(BaseModel):
@@ -38,6 +64,11 @@ class GroupCheckpoint(BaseModel):
     # it (NO_TIME: none yet), so that a restarted worker or a group's new owner counts the
     # stream's silence from there rather than from its own start.
     heard_ms: list[int] = []
+    # Split hot keys: the splits in force at this group, the episodes it ended (the latest
+    # few: the coordinator frees their slots), and, when the group is a slot, what it serves.
+    splits: list[SplitRouting] = []
+    splits_ended: list[int] = []
+    slot: SlotInput = SlotInput()
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

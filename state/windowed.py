@@ -65,6 +65,9 @@ class GroupState:
     # Outer/semi/anti joins: per decided stream, stored marks record seq -> (its newest ts, its
     # bytes: a delete must retract every changelog chunk of a big one).
     marks: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    # A slot's window was dropped in batch `dropped_at` (its split episode ended or a new one
+    # began): every block and marks record of an earlier batch is deleted when it is staged.
+    dropped_at: int = 0
 
     def spilled_bytes(self) -> int:
         """Stored bytes of the spilled generations (blocks before the generation in memory)."""
@@ -192,6 +195,12 @@ class WindowedStore:
             fresh.floor = runs.floor
             state.window.runs[i] = fresh
 
+    def drop_window(self, state: GroupState, seq: int) -> None:
+        """Drop every tuple and mark of `state`'s window, and its clock, in batch `seq` (a slot
+        between split episodes): the batch's staging deletes the stored blocks."""
+        state.window = empty_window(self.plan, self.templates)
+        state.dropped_at = seq
+
     def install(self, group: int, values: dict[bytes, bytes], offsets: dict[bytes, int], next_offset: int) -> GroupState:
         """Replace `group`'s stored state with `values` (key -> value, as its changelog rebuilt
         them; `offsets`: where each one's first record is) and read it back."""
@@ -250,7 +259,7 @@ class WindowedStore:
                 tx.put(marks_key(group, i, seq), raw)
                 stored[seq] = (int(block[TS].max()), len(raw))
             oldest = self._oldest_live(state, i)
-            for dead in [s for s, (newest, _) in stored.items() if newest < oldest]:
+            for dead in [s for s, (newest, _) in stored.items() if newest < oldest or s < state.dropped_at]:
                 tx.delete(marks_key(group, i, dead), stored.pop(dead)[1])
 
     def _oldest_live(self, state: GroupState, stream: int) -> int:
@@ -263,6 +272,12 @@ class WindowedStore:
         return int(merged[TS].min()) if len(merged) else np.iinfo(np.int64).max
 
     def _dead_blocks(self, state: GroupState, stream: int) -> list[int]:
+        """Stored blocks of `stream` no live tuple and no pending clean-up needs any more, and
+        those from before the window was dropped (`drop_window`)."""
+        dropped = [seq for seq in state.stored[stream] if seq < state.dropped_at]
+        return dropped + [seq for seq in self._expired_blocks(state, stream) if seq >= state.dropped_at]
+
+    def _expired_blocks(self, state: GroupState, stream: int) -> list[int]:
         """Stored blocks of `stream` no live tuple and no pending clean-up needs any more."""
         ckpt = state.checkpoint
         if ckpt.generations:

@@ -157,13 +157,14 @@ class Fleet:
         return {name: lines for name, lines in found.items() if lines}
 
     def wait_assigned(self, workers: list[str], timeout: float = 120.0) -> None:
-        """Until every group is held by one of `workers`, as their heartbeats say."""
+        """Until every group (and slot: coordinator.hot_key_slots) is held by one of `workers`, as
+        their heartbeats say."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.assert_running()
             beats = latest_heartbeats(self.job, kafka.Cluster.of(self.job, self.bootstrap), window_s=5)
             held = [g for w in workers if w in beats for g in beats[w].groups]
-            if sorted(held) == list(range(self.job.partitions)):
+            if sorted(held) == list(range(self.job.group_count)):
                 return
             time.sleep(0.5)
         raise TimeoutError(f"groups not assigned to {workers} within {timeout}s")
@@ -176,10 +177,14 @@ def input_partitions(job: JobSettings, cluster: kafka.Cluster) -> list[tuple[str
 
 
 def forwarded_partitions(job: JobSettings) -> list[tuple[str, int]]:
-    """Hash mode with `join.repartition: auto`: the by-key partitions groups also read."""
-    if job.join.mode != "hash" or job.join.repartition != "auto":
+    """Hash mode: the by-key partitions groups also read (`join.repartition: auto`), and the slots'
+    partitions of `<job>.split` (coordinator.hot_key_slots)."""
+    if job.join.mode != "hash":
         return []
-    return [(job.by_key_topic(s), g) for s in job.streams for g in range(job.partitions)]
+    slots = [(job.split_topic, j) for j in range(len(job.slots))]
+    if job.join.repartition != "auto":
+        return slots
+    return [(job.by_key_topic(s), g) for s in job.streams for g in range(job.partitions)] + slots
 
 
 def input_end_offsets(job: JobSettings, bootstrap: str) -> dict[tuple[str, int], int]:

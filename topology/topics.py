@@ -55,18 +55,21 @@ def plan(job: JobSettings) -> list[TopicPlan]:
     # stream of another partition count is re-routed through its by-key topic, and a ring reads everything.
     inputs_exact = job.join.mode == "hash" and job.join.repartition == "never"
     topics = [_planned(job, job.topic_of(s), "input", p, inputs_exact, s.name) for s in job.streams]
+    groups = job.group_count  # per-group topics: the partition groups, then hash mode's slots (hot_key_slots)
     topics += [
         # partition g holds group g's results; SplitJoin's are in input order, so in one partition
-        _planned(job, job.results_topic, "results", 1 if job.join.mode == "splitjoin" else p),
-        _planned(job, job.commits_topic, "commits", p),  # partition g: group g's batch commits
-        _planned(job, job.dead_letter_topic, "dead_letter", p),
+        _planned(job, job.results_topic, "results", 1 if job.join.mode == "splitjoin" else groups),
+        _planned(job, job.commits_topic, "commits", groups),  # partition g: group g's batch commits
+        _planned(job, job.dead_letter_topic, "dead_letter", groups),
         _planned(job, job.control_topic, "control", 1),  # one partition: heartbeats and assignments in order
         _planned(job, job.placement_topic, "placement", 1),
     ]
     if job.join.mode == "hash":  # partition g: records re-routed to group g by their join key
         topics += [_planned(job, job.by_key_topic(s), "by_key", p, stream=s.name) for s in job.streams]
         if job.worker.changelog:  # partition g: group g's state writes
-            topics.append(_planned(job, job.changelog_topic, "changelog", p))
+            topics.append(_planned(job, job.changelog_topic, "changelog", groups))
+        if job.slots:  # partition j: what groups with a split hot key send slot P + j, kept like re-routed input
+            topics.append(_planned(job, job.split_topic, "by_key", len(job.slots)))
     if job.join.mode == "ring":  # one partition each: rounds and epochs are read back in order
         topics += [_planned(job, job.ring_log_topic, "ring_log", 1), _planned(job, job.ring_epochs_topic, "ring_epochs", 1)]
     if job.join.mode == "splitjoin":

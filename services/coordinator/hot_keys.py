@@ -3,7 +3,9 @@ with hysteresis, so that a key near the threshold does not flap:
 
   a key becomes hot when its share of the job's input is at least `coordinator.hot_key_share`
   and at least `coordinator.hot_key_min_tuples` of its tuples were counted;
-  a hot key cools when its share falls below `coordinator.hot_key_cool_share`.
+  a hot key cools when its share falls below `coordinator.hot_key_cool_share`; while no alive
+  worker holds its group (its worker died and the group is on its way to another), nothing
+  measures it, and it stays hot.
 
 The job's input is what the alive workers counted over the current and the last reorganisation
 epoch. Each change is logged and the hot keys are metered (streamjoin_coordinator_hot_keys,
@@ -32,6 +34,7 @@ class Share:
     share: float
     count: int
     worker: str
+    code: int | None = None  # the key as the engine holds it (what a split routes by)
 
 
 def shares(beats: dict[str, Heartbeat]) -> dict[Key, Share]:
@@ -45,7 +48,7 @@ def shares(beats: dict[str, Heartbeat]) -> dict[Key, Share]:
         for hot in beat.hot_keys:
             key = (hot.group, hot.key)
             if key not in out or hot.count > out[key].count:
-                out[key] = Share(hot.count / counted, hot.count, worker)
+                out[key] = Share(hot.count / counted, hot.count, worker, hot.code)
     return out
 
 
@@ -72,8 +75,11 @@ class HotKeys:
                 log.info("hot key", group=key[0], key=key[1], share=round(seen.share, 3), tuples=seen.count,
                          worker=seen.worker)
                 self.hot[key] = seen
+        held = {g for b in self.latest.values() for g in b.groups}
         for key in sorted(self.hot):
             seen = now.get(key)
+            if seen is None and key[0] not in held:
+                continue  # its holder is gone: not measured, not cooled (a split would flap through a failover)
             if seen is None or seen.share < self.spec.hot_key_cool_share:
                 log.info("hot key cooled", group=key[0], key=key[1], share=round(seen.share, 3) if seen else 0.0)
                 del self.hot[key]

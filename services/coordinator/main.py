@@ -26,6 +26,7 @@ from streamjoin.services.coordinator.hot_keys import HotKeys
 from streamjoin.services.coordinator.moves import Finished, Moves
 from streamjoin.services.coordinator.rebalance import observe
 from streamjoin.services.coordinator.ring import RingCoordination
+from streamjoin.services.coordinator.splits import Splits
 from streamjoin.services.shutdown import Stopped, StopFlag
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
@@ -53,6 +54,7 @@ class Coordinator:
         self.stop_flag = StopFlag()
         self.ring = RingCoordination(job, self.cluster, self.out) if job.join.mode == "ring" else None
         self.hot_keys = HotKeys(job.coordinator)  # hash mode: the keys that carry much of the input
+        self.splits = Splits(job)  # hash mode: the hot keys split over slots (coordinator.hot_key_slots)
 
     def run(self) -> None:
         """Serve until SIGTERM/SIGINT (services/shutdown.py), then close the clients."""
@@ -72,10 +74,13 @@ class Coordinator:
         with self.stop_flag.interruptible():
             kafka.wait_for_broker(self.cluster, log)
             topics.ensure(self.cluster.admin(), self.job)
-            records = placing.load_records(self.job, self.cluster)
+            records, split_records = placing.load_all(self.job, self.cluster)
         if records:
             self.moves = Moves.loaded(records, time.monotonic())
-        log.info("coordinator started", groups_placed=len(records),
+        self.splits = Splits.loaded(self.job, split_records)
+        for split in self.splits.records.values():
+            metrics.SPLIT_KEYS.labels(str(split.group), split.key).set(len(split.slots) + 1)
+        log.info("coordinator started", groups_placed=len(records), splits=sorted(self.splits.records),
                  epoch=self.moves.epoch if self.moves else 0, moving=sorted(self.moves.moving) if self.moves else [])
         self.control_in.assign([TopicPartition(self.job.control_topic, 0, OFFSET_END)])
 
@@ -138,7 +143,7 @@ class Coordinator:
             return
         self.hot_keys.on_heartbeat(beat, self.alive())
         if self.moves is None and len(self.alive()) >= self.job.coordinator.expected_workers:
-            placement = placing.round_robin(self.alive(), self.job.partitions)
+            placement = placing.round_robin(self.alive(), self.job.group_count)  # the slots too
             placing.store(self.job, self.out, placement, control.FIRST_EPOCH)
             self.moves = Moves(placement, {}, control.FIRST_EPOCH)
             log.info("placement made", workers=self.alive(), epoch=control.FIRST_EPOCH)
@@ -151,19 +156,32 @@ class Coordinator:
             faults.reach("release-stored")
         for f in finished:
             self._finished(f)
-        if self.moves.needs_assignment(beat):
+        self._split_hot_keys(beat)
+        if self.moves.needs_assignment(beat) or self.splits.behind(beat):
             self._assign(beat.worker)
         ended = {f.group for f in finished}
         for worker in sorted({r.worker for r in records if r.group not in ended}):
             self._assign(worker)  # a receiver need not wait for its next heartbeat
 
+    def _split_hot_keys(self, beat: control.Heartbeat) -> None:
+        """Split the hot keys and merge the cooled ones (splits.py), forget the episodes `beat`'s
+        worker ended; store the records, then tell the groups' owners."""
+        if self.moves is None:
+            return
+        changed = self.splits.reconcile(self.hot_keys.hot, self.moves.owners, self.alive())
+        ended = self.splits.ended(beat)
+        if changed or ended:
+            placing.store_splits(self.job, self.out, changed, ended, self.splits.next_episode)
+        for worker in sorted({self.moves.owners[r.group] for r in changed}):
+            self._assign(worker)
+
     def _assign(self, worker: str) -> None:
-        """Tell `worker` the groups it should hold now, at the current epoch."""
+        """Tell `worker` the groups it should hold now, at the current epoch, and their split keys."""
         if self.moves is None:
             return
         wanted = self.moves.wanted(worker)
         assignment = control.Assignment(worker=worker, groups=wanted, epoch=self.moves.epoch,
-                                        fence=self.moves.to_fence(worker))
+                                        fence=self.moves.to_fence(worker), splits=self.splits.of_groups(wanted))
         self.out.produce(self.job.control_topic, value=control.encode(assignment), key=b"assignment", partition=0)
         self.out.poll(0)
         log.info("assignment sent", worker=worker, groups=len(wanted), epoch=self.moves.epoch)

@@ -1,8 +1,9 @@
 """`streamjoin status`: the placement, the group moves in flight and each worker's latest
 heartbeat (its role, epoch, backlog, and spill: window bytes in memory against its budget,
 bytes on disk, generations and the clean-up backlog); for a ring job, whether the ring failed
-(a node restarted, a stale epoch, a failed delivery) and why; and the hot keys: those the alive
-workers' latest heartbeats show at or above coordinator.hot_key_share of the input."""
+(a node restarted, a stale epoch, a failed delivery) and why; the hot keys: those the alive
+workers' latest heartbeats show at or above coordinator.hot_key_share of the input; and the hot
+keys split over slots, with their split factor and the workers of their sub-groups."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from streamjoin.schemas import control
 from streamjoin.services.io import kafka
 from streamjoin.services.coordinator import placement as placing
 from streamjoin.services.coordinator.hot_keys import shares, turns_hot
+from streamjoin.services.coordinator.splits import Splits
 from streamjoin.settings import JobSettings
 
 
@@ -36,7 +38,7 @@ def latest_heartbeats(job: JobSettings, cluster: kafka.Cluster, window_s: float 
 
 
 def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
-    records = placing.load_records(job, cluster)
+    records, split_records = placing.load_all(job, cluster)
     placement = {g: r.worker for g, r in records.items()}
     epoch = max((r.epoch for r in records.values()), default=0)
     moving = [{"group": g, "from": r.moving_from, "to": r.worker} for g, r in sorted(records.items()) if r.moving_from]
@@ -75,5 +77,16 @@ def snapshot(job: JobSettings, cluster: kafka.Cluster) -> dict:
     failed = sorted({b.ring_failed for b in beats.values() if b.ring_failed})
     epochs = [b.ring_recovery["epoch"] for b in beats.values() if "epoch" in b.ring_recovery]
     return {"job": job.job, "epoch": epoch, "groups_placed": len(placement), "moving": moving, "workers": rows,
-            "hot_keys": sorted(hot, key=lambda h: -h["share"]),
+            "hot_keys": sorted(hot, key=lambda h: -h["share"]), "split_keys": split_keys(job, split_records, placement),
             "ring_failed": ", ".join(failed), "ring_epoch": int(max(epochs)) if epochs else None}
+
+
+def split_keys(job: JobSettings, records: dict[bytes, bytes | None], placement: dict[int, str]) -> list[dict]:
+    """Each split hot key in force: its group, key, episode, factor (sub-groups), whether it is
+    merging, its slots and the workers of its sub-groups (the group's first)."""
+    out = []
+    for split in Splits.loaded(job, records).records.values():
+        out.append({"group": split.group, "key": split.key, "episode": split.episode, "factor": len(split.slots) + 1,
+                    "merging": split.merging, "slots": split.slots,
+                    "workers": [placement.get(g) for g in [split.group, *split.slots]]})
+    return out

@@ -8,7 +8,8 @@ A cycle writes, in this order:
   1. dead letters and forwards (misrouted records on their way to their
      group's by-key partition, then the progress notes: progress.py), then flushes;
   2. one commit record per (group, batch) on `<job>.commits`, then flushes;
-  3. the batches' results, one record per result (or Arrow blocks), then
+  3. the records to the slots of split hot keys (`<job>.split`: services/hash/split.py) and
+     the batches' results, one record per result (or Arrow blocks), then
      flushes (the checkpoint records where they end);
   4. the groups' state writes on `<job>.changelog` (`worker.changelog`), each
      group's checkpoint last;
@@ -17,7 +18,9 @@ A cycle writes, in this order:
 The flushes make "visible" imply "durable before" even on a broker that
 shows aborted transactions to read_committed readers (Tansu does): a visible
 checkpoint in the changelog implies its batch's results, a visible result its
-batch's commit record, which implies the batch's dead letters and forwards.
+batch's commit record, which implies the batch's dead letters and forwards; a visible
+record to a slot implies its batch's commit record, so the batch is decided, with the input
+boundary a replay reaches again.
 Recovery (recovery.py) relies on exactly that.
 
 While the broker acknowledges (the flushes, the offsets and the commit: on
@@ -35,6 +38,7 @@ import structlog
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from streamjoin.engine.window_join import JoinPlan
+from streamjoin.schemas.control import HotSplit
 from streamjoin.services import faults, metrics
 from streamjoin.services.hash.emit import Emitter, stall_watchdog
 from streamjoin.services.hash.processor import GroupBatch, run_cycle
@@ -69,9 +73,10 @@ class Cycle:
     def run(self, pending: dict[int, RecordBuffer], routings: Sequence[Routing], now_ms: int,
             idle: Mapping[int, frozenset[int]], woken: Sequence[int], floors: Mapping[int, int],
             skip_dead: dict[int, set[tuple[str, int, int]]], *, aligned: Callable[[], None],
-            recover: Callable[[set[int]], None], meanwhile: Meanwhile | None) -> Outcome:
-        """Join `pending` (per stream; `idle`, `woken` and `floors` as for run_cycle) and commit
-        the outcome; dead letters named in `skip_dead[group]` were written by an attempt that died.
+            recover: Callable[[set[int]], None], meanwhile: Meanwhile | None,
+            splits: Mapping[int, Sequence[HotSplit]] | None = None) -> Outcome:
+        """Join `pending` (per stream; `idle`, `woken`, `floors` and `splits` as for run_cycle) and
+        commit the outcome; dead letters named in `skip_dead[group]` were written by an attempt that died.
 
         `aligned()` is called once the windows are joined, before anything is written: the
         worker's intake pauses follow the windows as this cycle left them in memory, before
@@ -79,7 +84,8 @@ class Cycle:
         let every read-ahead overshoot by a batch). `meanwhile()` is done while the broker
         acknowledges (None: the waits block). On a failed transaction `recover(groups)`
         rebuilds the cycle's groups from Kafka."""
-        batches = run_cycle(self.job, self.plan, self.store, pending, routings, now_ms, idle, woken, floors)
+        batches = run_cycle(self.job, self.plan, self.store, pending, routings, now_ms, idle, woken, floors,
+                            splits=splits)
         aligned()
         offsets = next_offsets(batches)
         out, tx = self.out, self.store.rocksdb.transaction()
@@ -92,6 +98,7 @@ class Cycle:
                 for b in batches:
                     out.produce_commit(b)
                 out.flush(meanwhile)
+                out.produce_splits(batches)
                 out.results.write_groups([(b.group, b.results) for b in batches])
                 out.flush(meanwhile)
                 if any(b.cleanup is not None or b.read_back for b in batches):

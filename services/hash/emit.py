@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from streamjoin.engine.block import Block
 from streamjoin.schemas.results import BatchCommit, dead_letter_headers
+from streamjoin.schemas.split_records import encode_split
 from streamjoin.services import metrics
 from streamjoin.services.hash.processor import GroupBatch
 from streamjoin.services.io.deliveries import IDLE_WAIT_S, Deliveries, Meanwhile, flush
@@ -148,8 +149,11 @@ class Emitter:
         stayed behind, and a drained partition showed lag for good)."""
         self.deliveries.clear()
         writes = tx.prepare()
-        if len(results) or (self.changelog is not None and writes):
+        if len(results) or batch.split_out or (self.changelog is not None and writes):
             self.begin()
+            # A decided batch's split records may be missing (a broker that shows the aborted
+            # transaction's commit record): written again, their slots take each batch once.
+            self.produce_splits([batch])
             self.results.write(results, group=batch.group)
             self.flush()
             self.log_state(writes)
@@ -169,7 +173,7 @@ class Emitter:
     def produce_commit(self, b: GroupBatch) -> None:
         commit = BatchCommit(group=b.group, seq=b.seq, end=b.end, watermark=b.watermark, results=len(b.results),
                              worker=self.worker_id, epoch=self.epoch, now_ms=b.now_ms,
-                             generation_start=b.state.checkpoint.generation_start)
+                             generation_start=b.state.checkpoint.generation_start, splits_applied=b.splits_applied)
         self.producer.produce(self.job.commits_topic, value=commit.model_dump_json().encode(),
                               key=str(b.group).encode(), partition=b.group, on_delivery=self.deliveries.report)
 
@@ -185,6 +189,19 @@ class Emitter:
                 self.producer.produce(self.job.dead_letter_topic, value=d.value, key=d.key, partition=b.group,
                                       headers=headers, on_delivery=self.deliveries.report)
                 metrics.DEAD_LETTER.labels(d.reason).inc()
+                n += 1
+        return n
+
+    def produce_splits(self, batches: list[GroupBatch]) -> int:
+        """Each batch's records to its slots (split hot keys: services/hash/split.py), on the slot's
+        partition of `<job>.split`. Written after the batches' commit records: a visible one implies
+        its batch was decided, with the boundary a replay reaches again."""
+        n = 0
+        for b in batches:
+            for slot, record in b.split_out:
+                key, value, headers = encode_split(record)
+                self.producer.produce(self.job.split_topic, value=value, key=key, headers=headers,
+                                      partition=slot - self.job.partitions, on_delivery=self.deliveries.report)
                 n += 1
         return n
 

@@ -14,6 +14,7 @@ from streamjoin.schemas import control
 from streamjoin.services import metrics
 from streamjoin.services.hash.backlog import RecordSize, backlog_bytes
 from streamjoin.services.hash.hot_keys import KeyCounter
+from streamjoin.services.hash.split import phase
 from streamjoin.services.io.intake import RecordBuffer
 from streamjoin.settings import JobSettings
 from streamjoin.state.windowed import WindowedStore
@@ -38,6 +39,7 @@ class Heartbeats:
     metrics_url: str
     epoch: int
     key_counter: KeyCounter
+    splits: list[control.HotSplit]
 
     def _heartbeat(self) -> None:
         hot = self.store.hot_groups()
@@ -52,12 +54,27 @@ class Heartbeats:
             state_bytes=sum(s.window.nbytes for s in hot.values()),
             state_tuples=sum(s.window.tuples for s in hot.values()), metrics_url=self.metrics_url,
             backlog_bytes=backlog_bytes(self.pending, behind, self.record_size),
-            group_bytes=self.store.group_bytes(self.groups), epoch=self.epoch,
+            group_bytes=self.store.group_bytes(self.groups), epoch=self.epoch, splits=self._split_phases(),
             **self._spill_report(),
         )
         self.control_out.produce(self.job.control_topic, value=control.encode(beat), key=self.worker_id.encode(),
                                  partition=0)
         self.control_out.poll(0)
+
+    def _split_phases(self) -> dict[int, control.SplitPhase]:
+        """How far each split hot key of a group held here is applied, as the group's committed
+        checkpoint says (services/hash/split.py): the coordinator re-sends what lags, and frees
+        the slots of what ended."""
+        out: dict[int, control.SplitPhase] = {}
+        hot = self.store.hot_groups()
+        for split in self.splits:
+            if split.group in self.groups:
+                state = hot.get(split.group)
+                checkpoint = state.checkpoint if state is not None else self.store.stored_checkpoint(split.group)
+                found = phase(checkpoint, split.episode)
+                if found is not None:
+                    out[split.episode] = found
+        return out
 
     def _spill_report(self) -> dict[str, object]:
         """The heartbeat's spill fields (memory, spilled bytes, generations, clean-up backlog), also

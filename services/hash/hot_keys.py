@@ -55,7 +55,7 @@ class KeyCounter:
         for group, summary in summaries.items():
             big = summary.counts >= self.report_share * counted
             names = self.texts.get(group, {})
-            found += [HotKey(group=group, key=names.get(int(k), str(int(k))), count=int(c))
+            found += [HotKey(group=group, key=names.get(int(k), str(int(k))), count=int(c), code=int(k))
                       for k, c in zip(summary.keys[big], summary.counts[big])]
         return counted, sorted(found, key=lambda h: (-h.count, h.group, h.key))
 

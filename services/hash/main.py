@@ -7,7 +7,9 @@ input offsets in one transaction and only then checkpoints RocksDB (the cycle,
 top-down: cycle.py); at start,
 and after any failed cycle, each group is recovered from RocksDB plus the
 results topic (hash/recovery.py). Event-time alignment and idle streams are
-pacing.py's part of the worker, the heartbeat heartbeat.py's.
+pacing.py's part of the worker, the heartbeat heartbeat.py's. Slots (groups numbered from
+`partitions` on, coordinator.hot_key_slots) read their partition of `<job>.split`: what the
+group of a split hot key sends them (services/hash/split.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from streamjoin.services.hash.emit import Emitter
 from streamjoin.services.hash.heartbeat import Heartbeats
 from streamjoin.services.hash.hot_keys import KeyCounter
 from streamjoin.services.hash.pacing import Pacing
-from streamjoin.services.hash.processor import GroupBatch, group_store, join_plan, unmatched_delays_ms
+from streamjoin.services.hash.processor import SLOT_INPUT, GroupBatch, group_store, join_plan, unmatched_delays_ms
 from streamjoin.services.hash.recovery import recover_groups
 from streamjoin.services.io import kafka, transactions
 from streamjoin.services.io.intake import RecordBuffer, Routing, routing_for
@@ -62,6 +64,7 @@ class Worker(Pacing, Heartbeats):
         self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control", **kafka.CONTROL)
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
+        self.splits: list[control.HotSplit] = []  # the split hot keys of the groups held, as last assigned
         self.key_counter = KeyCounter(job)  # hot keys (hot_keys.py), reported in heartbeats
         self.paused: set[tuple[str, int]] = set()  # input partitions paused by event-time alignment
         self.peak_tuples = 0  # the most window tuples held in memory at once since start
@@ -177,6 +180,7 @@ class Worker(Pacing, Heartbeats):
                     faults.reach("receiver-fenced")
                 arriving = set(msg.groups) - self.groups
                 self._apply_assignment(set(msg.groups))
+                self.splits = msg.splits
                 if arriving and msg.epoch > control.FIRST_EPOCH:  # moved here: the first placement moves none
                     faults.reach("receiver-recovered")
                 # Set after the assignment: the last batches of groups let go of were decided at the old epoch.
@@ -221,7 +225,7 @@ class Worker(Pacing, Heartbeats):
             self.consumer.incremental_assign(assigned)
             self.committed.update({(tp.topic, tp.partition): tp.offset for tp in assigned if tp.offset >= 0})
             now_ms = int(time.time() * 1000)
-            self._restore_idle_clocks(added, now_ms)
+            self._restore_idle_clocks({g for g in added if g not in self.job.slots}, now_ms)
             self.listened_ms = max(self.listened_ms, now_ms)
             self._keep_budget()
         self.groups = wanted
@@ -235,6 +239,11 @@ class Worker(Pacing, Heartbeats):
         out = []
         for g in sorted(groups):
             end = self.store.get(g).checkpoint.end if from_checkpoint else {}
+            if g in self.job.slots:  # a slot reads what its group sends it, nothing else
+                j, topic = g - self.job.partitions, self.job.split_topic
+                out.append(TopicPartition(topic, j, end.get(topic, {}).get(j, OFFSET_BEGINNING)
+                                          if from_checkpoint else OFFSET_BEGINNING))
+                continue
             for i, (s, routing) in enumerate(zip(self.job.streams, self.routings)):
                 inputs = self._source_partitions(g, i)
                 if routing.check and routing.repartition == "auto":
@@ -276,8 +285,10 @@ class Worker(Pacing, Heartbeats):
         count = len(msgs)
         topics = np.fromiter(map(self.topic_codes.__getitem__, map(Message.topic, msgs)), np.int64, count)
         partitions = np.fromiter(map(Message.partition, msgs), np.int64, count)
-        by_key = topics >= len(self.job.streams)  # codes past the streams' are their by-key topics
-        groups = np.where(by_key, partitions, partitions % self.job.partitions)
+        streams = len(self.job.streams)
+        by_key = topics >= streams  # codes past the streams' are their by-key topics, then the slots' input
+        groups = np.where(topics == 2 * streams, partitions + self.job.partitions,
+                          np.where(by_key, partitions, partitions % self.job.partitions))
         # Records fetched just before an unassignment are dropped.
         owned = np.isin(groups, np.fromiter(self.groups, np.int64, len(self.groups)))
         for code in np.flatnonzero(np.bincount(topics)).tolist():  # the codes present (np.unique hashes: slower)
@@ -285,9 +296,9 @@ class Worker(Pacing, Heartbeats):
             picked = msgs if chosen.all() else list(map(msgs.__getitem__, np.flatnonzero(chosen).tolist()))
             if not picked:
                 continue
-            stream, topic = code % len(self.job.streams), self.input_topics[code]
+            stream, topic = code % streams if code < 2 * streams else SLOT_INPUT, self.input_topics[code]
             buffer = self.pending.setdefault(stream, RecordBuffer())
-            if code < len(self.job.streams):
+            if code < streams or code == 2 * streams:
                 buffer.extend(picked, topic, groups[chosen], partitions[chosen])
             else:
                 buffer.extend_forwarded(picked, topic, partitions[chosen])
@@ -316,15 +327,25 @@ class Worker(Pacing, Heartbeats):
         self._advance_to_consumer_positions()
         self.record_size.observe(self.pending)
         pending, self.pending = self.pending, {}  # what is read ahead meanwhile is the next cycle's
+        splits = {g: [s for s in self.splits if s.group == g] for g in {s.group for s in self.splits}}
         outcome = self.cycle.run(pending, self.routings, now_ms, idle, woken, floors, self.skip_dead,
                                  aligned=self._align, recover=self._recover_failed_cycle,
-                                 meanwhile=self._read_ahead if read_ahead else None)
+                                 meanwhile=self._read_ahead if read_ahead else None, splits=splits)
         self.idle_seen.update({b.group: idle.get(b.group, frozenset()) for b in outcome.batches})
         if not outcome.committed:
             return
         self.committed.update({(tp.topic, tp.partition): tp.offset for tp in outcome.offsets})
         self._observe(outcome.batches, time.perf_counter() - started)
         self._keep_budget()
+
+    def _count_split(self, b: GroupBatch) -> None:
+        """Meter what a batch sent its slots: the spread stream's tuples and the replicated one's."""
+        fragment = {r.episode: r.fragment for r in b.state.checkpoint.splits}
+        for _, record in b.split_out:
+            for i, block in enumerate(record.blocks):
+                if len(block):
+                    kind = "fragmented" if fragment.get(record.episode) == i else "replicated"
+                    metrics.SPLIT_SENT.labels(kind).inc(len(block))
 
     def _keep_budget(self) -> None:
         """Within the memory budget again after a cycle or a recovery (worker.spill)."""
@@ -404,6 +425,8 @@ class Worker(Pacing, Heartbeats):
                 metrics.ASOF_WAITING.labels(str(b.group)).set(len(asof.waiting))
             self.store.observe(b.group, b.now_ms, sum(len(block) for block in b.appended), len(b.results))
             self.key_counter.observe(b.group, b.tuples_taken, b.now_ms)
+            if b.split_out:
+                self._count_split(b)
             self.results_total += len(b.results)
             if b.unmatched:
                 metrics.UNMATCHED.inc(b.unmatched)
@@ -421,8 +444,10 @@ class Worker(Pacing, Heartbeats):
 
 def input_topics(job: JobSettings) -> list[str]:
     """A hash worker's input topics by code (intake's stream test): stream i's source topic is
-    code i, its by-key topic code len(streams) + i."""
-    return [job.topic_of(s) for s in job.streams] + [job.by_key_topic(s) for s in job.streams]
+    code i, its by-key topic code len(streams) + i, and the slots' input (with
+    coordinator.hot_key_slots) code 2 len(streams)."""
+    slots = [job.split_topic] if job.slots else []
+    return [job.topic_of(s) for s in job.streams] + [job.by_key_topic(s) for s in job.streams] + slots
 
 
 def next_interval_ms(job: JobSettings, cycle_seconds: float) -> float:

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 from streamjoin.engine.window_join import NO_TIME
 from streamjoin.services import metrics
 from streamjoin.services.hash.alignment import paused_streams
+from streamjoin.services.hash.processor import SLOT_INPUT
 from streamjoin.services.io.intake import RecordBuffer, Routing
 from streamjoin.settings import JobSettings
 from streamjoin.state.windowed import WindowedStore
@@ -44,7 +45,7 @@ class Pacing:
         if bound is None:
             return
         hot = self.store.hot_groups()
-        groups = sorted(g for g in self.groups if g in hot)
+        groups = sorted(g for g in self.groups if g in hot and g not in self.job.slots)  # slots read no stream
         inputs = [[self._source_partitions(g, i) for i in range(len(self.job.streams))] for g in groups]
         behind = self._unread({tp for row in inputs for tps in row for tp in tps})
         heads = np.array([hot[g].window.max_ts for g in groups], np.int64).reshape(len(groups), -1)
@@ -124,6 +125,8 @@ class Pacing:
                 heard[:] = now_ms
         self.listened_ms = now_ms
         for i, buf in self.pending.items():
+            if i == SLOT_INPUT:  # a slot's input is its group's, which judges its streams' silence
+                continue
             # Records of the stream, not progress notes about it; with join.repartition_watermarks
             # only those of its source partitions (re-routed ones come with their senders' progress).
             read = buf.groups[~buf.rerouted] if self.job.join.repartition_watermarks else buf.groups

@@ -31,7 +31,7 @@ from streamjoin.schemas.results import RESULT_ID_HI, RESULT_ID_LO, BatchCommit, 
 from streamjoin.services import faults, metrics
 from streamjoin.services.hash.cycle import record_positions
 from streamjoin.services.hash.emit import Emitter
-from streamjoin.services.hash.processor import run_cycle
+from streamjoin.services.hash.processor import SLOT_INPUT, run_cycle
 from streamjoin.services.hash.restore import restore_groups
 from streamjoin.services.io import kafka
 from streamjoin.services.io.intake import RecordBuffer, Routing
@@ -90,7 +90,8 @@ def _replay(job: JobSettings, cluster: kafka.Cluster, plan: JoinPlan, store: Win
         # its recorded watermark as a floor (a batch an idle stream let advance replays exactly).
         now_ms = commit.now_ms if commit.now_ms is not None else int(time.time() * 1000)
         replayed = run_cycle(job, plan, store, buffers, routings, now_ms, extra=[group],
-                             floors={group: commit.watermark}, generation_starts={group: commit.generation_start})
+                             floors={group: commit.watermark}, generation_starts={group: commit.generation_start},
+                             splits={group: commit.splits_applied})
         if [b.group for b in replayed] != [group] or replayed[0].end != commit.end:
             raise RuntimeError(f"group {group}: replay of batch {commit.seq} did not reach its recorded boundary")
         batch = replayed[0]
@@ -158,6 +159,7 @@ def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: di
     """The records of one batch: every input partition from the checkpoint's boundary up to the batch's."""
     stream_of = {job.topic_of(s): i for i, s in enumerate(job.streams)}
     forwarded = {job.by_key_topic(s): i for i, s in enumerate(job.streams)}
+    slot_input = {job.split_topic: SLOT_INPUT}  # a slot's input: what its group sent it
     # A partition the checkpoint has not read yet starts where the job starts it (join.start_offsets).
     start = {topic: {p: start.get(topic, {}).get(p, job.start_offset(topic, p)) for p in parts}
              for topic, parts in end.items()}
@@ -174,6 +176,8 @@ def _read_inputs(job: JobSettings, cluster: kafka.Cluster, group: int, start: di
                     continue
                 if m.topic() in stream_of:
                     buffers.setdefault(stream_of[m.topic()], RecordBuffer()).add(m, group)
+                elif m.topic() in slot_input:
+                    buffers.setdefault(SLOT_INPUT, RecordBuffer()).add(m, group)
                 else:
                     buffers.setdefault(forwarded[m.topic()], RecordBuffer()).add_forwarded(m)
             # Position, not the last offset seen: transaction markers occupy offsets no reader sees.

@@ -41,7 +41,7 @@ class ResultSink:
     @classmethod
     def of_job(cls, job: JobSettings) -> ResultSink:
         """A job's results topic, in the job's `output.format`."""
-        return cls(job.results_topic, job.partitions, result_format.result_layout(job), job.output.format)
+        return cls(job.results_topic, job.group_count, result_format.result_layout(job), job.output.format)
 
 
 class ResultWriter:

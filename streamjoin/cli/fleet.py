@@ -22,7 +22,8 @@ WaitOpt = Annotated[float, typer.Option("--wait", help="seconds to wait for it t
 
 def status(job: JobOpt = None, bootstrap: BootstrapOpt = None, as_json: JsonOpt = False) -> None:
     """Workers, their partition groups, lag, window state size and spill (memory against the
-    budget, bytes on disk, generations, clean-up backlog), and the hot keys."""
+    budget, bytes on disk, generations, clean-up backlog), the hot keys, and those split over
+    slots (their split factor and the workers of their sub-groups)."""
     from streamjoin.services.coordinator.status import snapshot
 
     s = job_settings(job, bootstrap=bootstrap)
@@ -47,6 +48,9 @@ def status(job: JobOpt = None, bootstrap: BootstrapOpt = None, as_json: JsonOpt 
     for h in snap["hot_keys"]:
         Console().print(f"hot key {h['key']!r} (group {h['group']}, on {h['worker']}): "
                         f"{h['share']:.0%} of the input")
+    for k in snap["split_keys"]:
+        Console().print(f"split key {k['key']!r} (group {k['group']}): {k['factor']} sub-groups on "
+                        f"{', '.join(str(w) for w in k['workers'])}{' (merging)' if k['merging'] else ''}")
     if snap["ring_failed"]:
         Console().print(f"[red]ring failed ({snap['ring_failed']}): it produces no more results; "
                         "restart the job on fresh topics[/red]")

@@ -76,7 +76,7 @@ class Check:
 
 def produced_refs(job: JobSettings, bootstrap: str) -> list[tuple[tuple[str, int, int], ...]]:
     """Every result on the results topic as its inputs' refs, in stream order (repeats kept)."""
-    partitions = 1 if job.join.mode == "splitjoin" else job.partitions  # splitjoin: one partition, in input order
+    partitions = 1 if job.join.mode == "splitjoin" else job.group_count  # splitjoin: one partition, in input order
     records = read_all(bootstrap, job.results_topic, partitions, "check-out")
     decoded = decode_results(result_layout(job), job.output.format, [m.value() for m in records])
     assert not decoded.rejects, decoded.rejects[:3]
@@ -88,13 +88,13 @@ def produced_refs(job: JobSettings, bootstrap: str) -> list[tuple[tuple[str, int
 
 def commits(job: JobSettings, bootstrap: str) -> list:
     """The commit records (BatchCommit, RoundRelease) on the job's commits topic."""
-    return [decode_commit(m.value()) for m in read_all(bootstrap, job.commits_topic, job.partitions, "check-commits")]
+    return [decode_commit(m.value()) for m in read_all(bootstrap, job.commits_topic, job.group_count, "check-commits")]
 
 
 def dead_letters(job: JobSettings, bootstrap: str) -> tuple[set[tuple[str, int, int]], Counter]:
     """The inputs the dead-letter topic stands for, and the count per reason."""
     refs, reasons = set(), Counter()
-    for m in read_all(bootstrap, job.dead_letter_topic, job.partitions, "check-dlq"):
+    for m in read_all(bootstrap, job.dead_letter_topic, job.group_count, "check-dlq"):
         h = decode_headers(m.headers())
         refs.add((h[H_TOPIC], int(h[H_PARTITION]), int(h[H_OFFSET])))
         reasons[h[H_REASON]] += 1

@@ -98,7 +98,7 @@ def test_the_worker_reports_its_keys_by_text_over_two_epochs_and_forgets_a_group
     # The next epoch still reports the last one's counts beside its own; the one after drops them.
     counter.observe(3, [block([7] * 10), block([])], now_ms=12_000)
     # 190 counted: key 7 at 70 is above 16% of them, key 9 at 30 below.
-    assert counter.report({3, 5}, now_ms=12_000) == (190, [HotKey(group=3, key="7", count=70)])
+    assert counter.report({3, 5}, now_ms=12_000) == (190, [HotKey(group=3, key="7", count=70, code=7)])
     counted, hot = counter.report({3, 5}, now_ms=25_000)
     assert counted == 10 and [(h.group, h.key) for h in hot] == [(3, "7")]
     counter.forget(3)
@@ -112,7 +112,8 @@ def test_string_keys_are_reported_by_their_text() -> None:
     hashes = np.asarray([11] * 8 + [12, 13], np.int64)  # the KEY column holds hashes of string keys
     texts = np.asarray(["celebrity"] * 8 + ["a", "b"])
     counter.observe(0, [Block({KEY: hashes, "k": texts}), Block({KEY: hashes[:0], "k": texts[:0]})], now_ms=0)
-    assert counter.report({0}, now_ms=1)[1] == [HotKey(group=0, key="celebrity", count=8)]
+    # ... and carry the key as the engine holds it (its hash), which a split routes by.
+    assert counter.report({0}, now_ms=1)[1] == [HotKey(group=0, key="celebrity", count=8, code=11)]
 
 
 # ----------------------------------------------------------------------- the coordinator's view
@@ -121,8 +122,8 @@ def sample(name: str, **labels: str) -> float | None:
     return metrics.REGISTRY.get_sample_value(name, labels)
 
 
-def beat(worker: str, counted: int, *hot: tuple[int, str, int]) -> Heartbeat:
-    return Heartbeat(worker=worker, wall_ms=0, keys_counted=counted,
+def beat(worker: str, counted: int, *hot: tuple[int, str, int], groups: tuple[int, ...] = (0, 2, 4)) -> Heartbeat:
+    return Heartbeat(worker=worker, wall_ms=0, keys_counted=counted, groups=list(groups),
                      hot_keys=[HotKey(group=g, key=k, count=c) for g, k, c in hot])
 
 
@@ -151,7 +152,19 @@ def test_a_small_job_has_no_hot_keys_and_a_dead_workers_report_leaves() -> None:
     keys.on_heartbeat(beat("w1", 5000, (0, "k", 4000)), ["w1", "w2"])
     keys.on_heartbeat(beat("w2", 5000), ["w1", "w2"])
     assert set(keys.hot) == {(0, "k")}
-    keys.on_heartbeat(beat("w2", 5000), ["w2"])  # w1 died: its report no longer counts
+    keys.on_heartbeat(beat("w2", 5000), ["w2"])  # w1 died, w2 holds its group: w1's report no longer counts
+    assert not keys.hot
+
+
+def test_a_hot_key_whose_group_nobody_holds_stays_hot_until_its_new_holder_reports() -> None:
+    spec = CoordinatorSpec(hot_key_share=0.3, hot_key_cool_share=0.1, hot_key_min_tuples=1000)
+    keys = HotKeys(spec)
+    keys.on_heartbeat(beat("w1", 5000, (0, "k", 4000), groups=(0,)), ["w1", "w2"])
+    keys.on_heartbeat(beat("w2", 5000, groups=(2,)), ["w2"])  # w1 died; its group fails over
+    assert set(keys.hot) == {(0, "k")}  # not measured, so not cooled: a split would flap through a failover
+    keys.on_heartbeat(beat("w2", 5000, (0, "k", 3000), groups=(0, 2)), ["w2"])
+    assert set(keys.hot) == {(0, "k")}
+    keys.on_heartbeat(beat("w2", 5000, groups=(0, 2)), ["w2"])
     assert not keys.hot
 
 

@@ -27,7 +27,7 @@ def _snapshot(monkeypatch: pytest.MonkeyPatch) -> dict:
     beat = control.Heartbeat(worker="w0", wall_ms=now_ms, groups=[0], epoch=3, state_bytes=9_000_000,
                              memory_bytes=1_500_000, memory_budget=2_000_000, spilled_bytes=7_500_000,
                              generations=4, cleanup_backlog_bytes=3_000_000, spilled_groups=[0])
-    monkeypatch.setattr(status.placing, "load_records", lambda job, cluster: records)
+    monkeypatch.setattr(status.placing, "load_all", lambda job, cluster: (records, {}))
     monkeypatch.setattr(status, "latest_heartbeats", lambda job, cluster: {"w0": beat})
     return status.snapshot(load("streamjoin/jobs/equijoin.yaml"), kafka.Cluster("127.0.0.1:1"))
 
