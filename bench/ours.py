@@ -126,15 +126,17 @@ def scrape_delays(port: int, metric: str = DELAY_METRIC) -> Histogram:
     return Histogram(edges, np.array([buckets[e] for e in edges]), total)
 
 
-def scrape_counters(port: int, names: Sequence[str]) -> dict[str, float]:
-    """One process's counters (or gauges) named `names` from its /metrics, each summed over its
-    labels; a name it does not export counts 0."""
+def scrape_counters(port: int, names: Sequence[str], by: str | None = None) -> dict[str, float]:
+    """One process's counters (or gauges) named `names` (sample names: a counter's end in _total)
+    from its /metrics, each summed over its labels, or with `by` per value of that label (keys
+    "name:value"); a name it does not export counts 0 (without `by`) or is absent."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = dict.fromkeys(names, 0.0)
+    out = {} if by else dict.fromkeys(names, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in out:
-                out[sample.name] += sample.value
+            if sample.name in names:
+                key = f"{sample.name}:{sample.labels.get(by, '')}" if by else sample.name
+                out[key] = out.get(key, 0.0) + sample.value
     return out
 
 

@@ -21,15 +21,13 @@ a RANGE window of a few tuples per key, so the hot key's pairs dominate the outp
 The headline is one key at 40% of the input on 3 workers: split throughput over unsplit, and
 unsplit p99 over split p99 (the acceptance asks for at least 2 and 2, exact: `acceptance`).
 
-Without hot-key splitting in the build (no `coordinator.hot_key_slots`), the split runs report
-`ran: false` and why, and the unsplit runs and the peers run as ever.
-
 `--quick`: the headline case only, 2 workers, a backlog of 4,000 tuples, live runs of 3 s at
 500 tuples/s per stream at most, 4 partitions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -40,15 +38,18 @@ from streamjoin.bench.backlog import preload
 from streamjoin.bench.env import BenchEnv
 from streamjoin.bench.skew_runs import backlog_run, live_run, peers, steady, verify_backlog
 from streamjoin.bench.skew_workload import (DETECTION, EXPONENTS, FULL, HEADLINE, MAX_BATCH_RECORDS, QUICK, SHARES,
-                                            Case, SkewPlan, coordinator_settings, live_job, source_job,
-                                            splitting_available)
+                                            Case, SkewPlan, coordinator_settings, live_job, source_job)
 
 GOAL = 2.0  # the acceptance: split throughput >= 2x unsplit, split p99 <= half of unsplit's, on the headline
 
 
-def run(env: BenchEnv, quick: bool, plot_path: Path | None, workers: int | None = None) -> dict:
-    """Every case of the plan (`quick`: QUICK) with `workers` per run (default: the plan's)."""
+def run(env: BenchEnv, quick: bool, plot_path: Path | None, workers: int | None = None,
+        headline: bool = False) -> dict:
+    """Every case of the plan (`quick`: QUICK; `headline`: its headline case alone) with `workers`
+    per run (default: the plan's)."""
     plan = QUICK if quick else FULL
+    if headline:
+        plan = dataclasses.replace(plan, cases=(HEADLINE,))
     k = workers or plan.workers
     cases = {}
     for case in plan.cases:
@@ -63,7 +64,7 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None, workers: int | None 
 
 def run_case(env: BenchEnv, plan: SkewPlan, case: Case, workers: int) -> dict:
     """`case`'s backlog preloaded; our backlog and live runs of it, unsplit and split; the peers on it."""
-    runs = {"unsplit": 0, "split": max(1, workers - 1)} if splitting_available() else {"unsplit": 0}
+    runs = {"unsplit": 0, "split": max(1, workers - 1)}
     source = source_job(env, plan, case)
     backlog_plan = plan.backlog()
     # The backlog ends a minute before now: no tuple is ahead of the workers' clock (join.max_future_ms).
@@ -75,9 +76,8 @@ def run_case(env: BenchEnv, plan: SkewPlan, case: Case, workers: int) -> dict:
         with env.phase(f"{case.name}: {run} backlog drain, {workers} workers"):
             backlog[run], ids[run] = backlog_run(env, source, workers, run, coordinator_settings(plan, slots))
     backlog["unsplit"]["verify"] = verify_backlog(env, source, workers, "unsplit", coordinator_settings(plan, 0))
-    if "split" in backlog:
-        backlog["split"]["identical_to_verified_run"] = bool(np.array_equal(ids["split"], ids["unsplit"]))
-    steady(backlog, _first_split_s(backlog.get("split")))
+    backlog["split"]["identical_to_verified_run"] = bool(np.array_equal(ids["split"], ids["unsplit"]))
+    steady(backlog, _first_split_s(backlog["split"]))
     unsplit_rate = backlog["unsplit"]["tuples_per_s_steady"] or backlog["unsplit"]["tuples_per_s"]
     rate = min(plan.load * unsplit_rate / 2, plan.live_rate_cap or float("inf"))
     seconds = plan.headline_seconds if case == HEADLINE else plan.live_seconds
@@ -87,8 +87,6 @@ def run_case(env: BenchEnv, plan: SkewPlan, case: Case, workers: int) -> dict:
         with env.phase(f"{case.name}: {run} live, {rate:,.0f} tuples/s per stream for {seconds:.0f}s"):
             live[run] = live_run(env, job, workers, rate, seconds)
     out = {run: {"backlog": backlog[run], "live": live[run]} for run in runs}
-    if "split" not in out:
-        out["split"] = {"ran": False, "why": "this build has no hot-key splitting (coordinator.hot_key_slots)"}
     expected = backlog["unsplit"]["verify"]["expected"]
     out["peers"] = peers(env, source, plan, case, expected, pyflink=plan.pyflink or case == HEADLINE)
     return {"case": {"exponent": case.exponent, "top_key_share": case.share, "describe": case.describe(),
@@ -96,10 +94,8 @@ def run_case(env: BenchEnv, plan: SkewPlan, case: Case, workers: int) -> dict:
                      "live_seconds": seconds}, **out}
 
 
-def _first_split_s(run: dict | None) -> float | None:
+def _first_split_s(run: dict) -> float | None:
     """Seconds after the split backlog run's start at which its first key was split."""
-    if run is None:
-        return None
     return min((e["after_s"] for e in run["splits"]), default=None)
 
 
@@ -111,10 +107,8 @@ def exact_runs(case: dict) -> list[bool]:
     or the verified output id for id (the split backlog run)."""
     checks = [_verified(case["unsplit"]["backlog"]["verify"])]
     for run in ("unsplit", "split"):
-        if case[run].get("ran", True):
-            checks.append(_verified(case[run]["live"]["verify"]))
-    if case["split"].get("ran", True):
-        checks.append(case["split"]["backlog"]["identical_to_verified_run"])
+        checks.append(_verified(case[run]["live"]["verify"]))
+    checks.append(case["split"]["backlog"]["identical_to_verified_run"])
     return checks
 
 
@@ -126,11 +120,10 @@ def ratios(name: str, case: dict, peers: dict) -> dict:
     """The case's ratios: split over unsplit (throughput; p99 the other way round), ours over each
     of the case's `peers`."""
     out = split_ratios(name, case)
-    ran = case["split"].get("ran", True)
     for peer_name, peer in peers.items():
         if not peer.get("ran", True) or not peer.get("tuples_per_s"):
             continue
-        for run in ("unsplit", "split") if ran else ("unsplit",):
+        for run in ("unsplit", "split"):
             out[f"{name}_{run}_vs_{peer_name}_throughput"] = report.ratio(
                 case[run]["backlog"]["tuples_per_s"], peer["tuples_per_s"], "backlog throughput (10%-90%)",
                 "tuples/s")
@@ -138,17 +131,15 @@ def ratios(name: str, case: dict, peers: dict) -> dict:
 
 
 def split_ratios(name: str, case: dict) -> dict:
-    """Split over unsplit: steady backlog throughput, and p99 delay the other way round (none
-    without a split run)."""
+    """Split over unsplit: steady backlog throughput, and p99 delay the other way round."""
     out = {}
     unsplit, split = case["unsplit"], case["split"]
-    if split.get("ran", True):
-        out[f"{name}_split_vs_unsplit_throughput"] = report.ratio(
-            split["backlog"]["tuples_per_s_steady"], unsplit["backlog"]["tuples_per_s_steady"],
-            "backlog throughput at steady state, split over unsplit", "tuples/s")
-        out[f"{name}_unsplit_vs_split_p99"] = report.ratio(
-            unsplit["live"]["verify"]["delay_ms"]["p99"], split["live"]["verify"]["delay_ms"]["p99"],
-            "p99 production delay at the paced rate, unsplit over split (above 1: split is faster)", "ms")
+    out[f"{name}_split_vs_unsplit_throughput"] = report.ratio(
+        split["backlog"]["tuples_per_s_steady"], unsplit["backlog"]["tuples_per_s_steady"],
+        "backlog throughput at steady state, split over unsplit", "tuples/s")
+    out[f"{name}_unsplit_vs_split_p99"] = report.ratio(
+        unsplit["live"]["verify"]["delay_ms"]["p99"], split["live"]["verify"]["delay_ms"]["p99"],
+        "p99 production delay at the paced rate, unsplit over split (above 1: split is faster)", "ms")
     return out
 
 
@@ -158,8 +149,8 @@ def acceptance(cases: dict, workers: int) -> dict:
     name = HEADLINE.name
     case = cases.get(name)
     what = f"one key at 40% on 3 workers: split throughput >= {GOAL:g}x unsplit, p99 <= 1/{GOAL:g} of unsplit, exact"
-    if case is None or not case["split"].get("ran", True):
-        return {"what": what, "met": None, "why": "no split run" if case else "no headline case"}
+    if case is None:
+        return {"what": what, "met": None, "why": "no headline case"}
     r = split_ratios(name, case)
     tput, p99 = (r[f"{name}_split_vs_unsplit_throughput"]["ratio"], r[f"{name}_unsplit_vs_split_p99"]["ratio"])
     met = bool(workers == 3 and all(exact_runs(case)) and tput is not None and p99 is not None
@@ -180,7 +171,6 @@ def parameters(plan: SkewPlan, quick: bool, workers: int) -> dict:
             "max_batch_records": MAX_BATCH_RECORDS,
             "live_rate_cap_per_stream": plan.live_rate_cap,
             "detection": DETECTION | {"hot_key_min_tuples": plan.hot_key_min_tuples},
-            "splitting_in_build": splitting_available(),
             "spark_files_per_trigger": plan.spark_files_per_trigger, "arrivals": "Poisson",
             "generator": "services/workloads.py kind zipf: the backlog by bench/backlog.py, the live input by "
                          "bench/paced.py (100 ms ticks)",
@@ -221,9 +211,8 @@ def plot(result: dict, path: Path) -> None:
         xs = [x for x, _ in points]
         series = {"unsplit": [c["unsplit"]["backlog"]["tuples_per_s_steady"] for _, c in points]}
         delays = {"unsplit": [c["unsplit"]["live"]["verify"]["delay_ms"]["p99"] for _, c in points]}
-        if all(c["split"].get("ran", True) for _, c in points):
-            series["split"] = [c["split"]["backlog"]["tuples_per_s_steady"] for _, c in points]
-            delays["split"] = [c["split"]["live"]["verify"]["delay_ms"]["p99"] for _, c in points]
+        series["split"] = [c["split"]["backlog"]["tuples_per_s_steady"] for _, c in points]
+        delays["split"] = [c["split"]["live"]["verify"]["delay_ms"]["p99"] for _, c in points]
         for peer in ("spark", "pyflink"):
             series[peer] = [peers[n][peer].get("tuples_per_s") if peers[n][peer].get("ran", True) else None
                             for n in names]

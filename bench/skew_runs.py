@@ -38,12 +38,14 @@ from streamjoin.bench.peers import pyflink_peer, spark_peer
 from streamjoin.bench.skew_workload import Case, SkewPlan
 from streamjoin.launcher import Fleet, wait_drained
 from streamjoin.services.coordinator.status import heartbeats_since
+from streamjoin.services.io import kafka
+from streamjoin.services.io.kafka import Cluster
 from streamjoin.settings import JobSettings
 
 HOT_KEY_EVENT = "hot key"  # the coordinator's log event when a key turns hot (services/coordinator/hot_keys.py)
-# The workers' hot-key splitting counters (tuples and bytes sent to the slots), summed over the
-# fleet: none until the workers export them.
-SPLIT_COUNTERS: tuple[str, ...] = ()
+# The workers' tuples of split hot keys sent to the slots, by kind: fragmented (the spread
+# stream's share) and replicated (the other stream's, to every slot).
+SPLIT_SENT = "streamjoin_split_sent_tuples_total"
 SPLIT_IN_EFFECT = "split"  # a heartbeat's phase of a split episode its group has applied
 STEADY_FROM = 0.1  # the least share of the input committed before throughput is measured
 
@@ -59,7 +61,7 @@ def live_run(env: BenchEnv, job: JobSettings, workers: int, rate: float, seconds
     feed.stop()
     written_s = time.time() - began_ms / 1000
     wait_drained(job, env.bootstrap, fleet, timeout=max(300.0, 10 * seconds))
-    counters = split_counters(fleet, ids)
+    counters = split_counters(fleet, ids, written_s)
     restarts, verdict = ours.drained_and_verified(env, job, fleet, seconds, job.job)
     return {"job": job.job, "workers": workers, "inputs": feed.tuples,
             "rate_per_stream": feed.tuples / len(job.streams) / written_s, "seconds": round(written_s, 2),
@@ -73,7 +75,7 @@ def splits(env: BenchEnv, job: JobSettings, since_ms: int) -> list[dict]:
     beats = heartbeats_since(job, env.cluster, time.time() - since_ms / 1000 + 5)
     first: dict[int, dict] = {}
     for beat in sorted(beats, key=lambda b: b.wall_ms):
-        for episode, phase in getattr(beat, "splits", {}).items():
+        for episode, phase in beat.splits.items():
             if phase == SPLIT_IN_EFFECT and episode not in first and beat.wall_ms >= since_ms:
                 first[episode] = {"episode": episode, "worker": beat.worker,
                                   "after_s": round((beat.wall_ms - since_ms) / 1000, 2)}
@@ -93,13 +95,26 @@ def _after_s(event: dict, since_ms: int) -> float | None:
     return round(datetime.fromisoformat(stamp).timestamp() - since_ms / 1000, 2)
 
 
-def split_counters(fleet: Fleet, workers: list[str]) -> dict[str, float]:
-    """The workers' splitting counters (SPLIT_COUNTERS), summed over the fleet."""
-    totals = dict.fromkeys(SPLIT_COUNTERS, 0.0)
+def split_counters(fleet: Fleet, workers: list[str], seconds: float) -> dict:
+    """What the fleet's groups sent their slots over a run of `seconds`: tuples by kind (the
+    workers' counters), and the bytes of every record on the job's split topic (read back), in
+    all and per second."""
+    sent: dict[str, float] = {}
     for w in workers:
-        for name, value in ours.scrape_counters(fleet.metrics_ports[w], SPLIT_COUNTERS).items():
-            totals[name] += value
-    return totals
+        for key, value in ours.scrape_counters(fleet.metrics_ports[w], [SPLIT_SENT], by="kind").items():
+            kind = key.split(":", 1)[1]
+            sent[kind] = sent.get(kind, 0.0) + value
+    split_bytes = _topic_bytes(fleet.job, Cluster(fleet.bootstrap)) if fleet.job.slots else 0
+    out = {f"{kind}_tuples": int(n) for kind, n in sorted(sent.items())} | {"split_topic_bytes": split_bytes}
+    per_s = {f"{k}_per_s": v / seconds for k, v in out.items()} if seconds > 0 else {}
+    return out | per_s
+
+
+def _topic_bytes(job: JobSettings, cluster: Cluster) -> int:
+    """Bytes of the values on the job's split topic, every partition from the start."""
+    records = kafka.read_partitions(cluster, job.split_topic, dict.fromkeys(range(len(job.slots)), 0),
+                                    f"{job.consumer_group}-bench-split")
+    return sum(len(m.value() or b"") for m in records)
 
 
 def backlog_run(env: BenchEnv, source: JobSettings, workers: int, run: str,
@@ -111,7 +126,9 @@ def backlog_run(env: BenchEnv, source: JobSettings, workers: int, run: str,
     def observe(fleet: Fleet, samples: list[tuple[float, float]], began_s: float) -> dict:
         ids = [w for w in fleet.metrics_ports if w.startswith("worker-")]
         since_ms = int(began_s * 1000)
-        return {"progress": list(samples), "split": split_counters(fleet, ids), "hot_keys": hot_keys(fleet, since_ms),
+        seconds = samples[-1][0] if samples else 0.0
+        return {"progress": list(samples), "split": split_counters(fleet, ids, seconds),
+                "hot_keys": hot_keys(fleet, since_ms),
                 "splits": splits(env, fleet.job, since_ms)}
 
     return ours.replay(env, source, workers, name=backlog_name(source, run), coordinator=coordinator, observe=observe)

@@ -22,13 +22,11 @@ from streamjoin.bench import ours
 from streamjoin.bench.backlog import BacklogPlan
 from streamjoin.bench.env import BenchEnv
 from streamjoin.settings import JobSettings, WindowSpec, load
-from streamjoin.settings.coordinator import CoordinatorSpec
 
 # The runs' detection: a key at 8% of the input counted over a 1 s epoch (and the one before)
 # is hot once `hot_key_min_tuples` (the plan's) of its tuples were seen; it cools below 4%. The
 # unsplit runs keep the same thresholds (they detect and report the key, and leave it whole).
 DETECTION = {"hot_key_share": 0.08, "hot_key_cool_share": 0.04, "reorg_epoch_ms": 1000}
-SLOTS_SETTING = "hot_key_slots"
 # A batch's hot-key tuples are probed against all of that key's state and batch before the
 # window prunes them (engine/window_join.py's probe_all), so a worker's memory grows with the
 # square of a hot key's tuples in one batch: a backlog batch of the default 200,000 records took
@@ -108,15 +106,9 @@ QUICK = SkewPlan(cases=(HEADLINE,), backlog_tuples=4000, event_rate=500, window_
                  hot_key_min_tuples=100, live_rate_cap=500)
 
 
-def splitting_available() -> bool:
-    """Whether this build has hot-key splitting (`coordinator.hot_key_slots`)."""
-    return SLOTS_SETTING in CoordinatorSpec.model_fields
-
-
 def coordinator_settings(plan: SkewPlan, slots: int) -> dict:
     """The `coordinator:` settings of a run with `slots` sub-group slots (0 = unsplit)."""
-    return (DETECTION | {"hot_key_min_tuples": plan.hot_key_min_tuples}
-            | ({SLOTS_SETTING: slots} if splitting_available() else {}))
+    return DETECTION | {"hot_key_min_tuples": plan.hot_key_min_tuples, "hot_key_slots": slots}
 
 
 def source_job(env: BenchEnv, plan: SkewPlan, case: Case) -> JobSettings:

@@ -39,6 +39,8 @@ def bench(
                         "JSON gives tuples/s, speedup, CPU of workers and broker, and the raw-consume limit")] = None,
     workers: Annotated[Optional[int], typer.Option(
         "--workers", help="skew only: workers per run, 2-4 on a small machine (default 3; --quick: 2)")] = None,
+    headline: Annotated[bool, typer.Option(
+        "--headline", help="skew only: the headline case alone (one key at 40% of the input), not the sweep")] = False,
 ) -> None:
     """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact.
 
@@ -49,17 +51,17 @@ def bench(
     raise_on_signals()
     try:
         with extra_needed("bench"):
-            _bench(workload, quick, json_path, plot, nodes, durability, scale, workers)
+            _bench(workload, quick, json_path, plot, nodes, durability, scale, workers, headline)
     except Stopped:
         console.print("bench stopped; its services and broker are stopped too")
 
 
 def _bench(workload: str, quick: bool, json_path: Path | None, plot: Path | None, nodes: str | None,
-           durability: bool, scale: str | None, skew_workers: int | None = None) -> None:
+           durability: bool, scale: str | None, skew_workers: int | None = None, headline: bool = False) -> None:
     """`bench` past its signal handling: the run, its JSON and its exit code."""
     from streamjoin.bench import WORKLOADS, run_bench
 
-    options = _bench_options(workload, nodes, durability) | _workers_option(workload, skew_workers)
+    options = _bench_options(workload, nodes, durability) | _skew_options(workload, skew_workers, headline)
     workers = _scale_option(workload, scale, quick)
     if workers is not None:
         from streamjoin.bench import scale as scale_bench
@@ -98,18 +100,18 @@ def _bench_options(workload: str, nodes: str | None, durability: bool = False) -
         raise typer.Exit(2) from None
 
 
-def _workers_option(workload: str, workers: int | None) -> dict:
-    """--workers as skew's keyword (none when not given); a count outside 1..8, or a workload
-    other than skew, exits 2 before anything starts."""
-    if workers is None:
+def _skew_options(workload: str, workers: int | None, headline: bool) -> dict:
+    """--workers and --headline as skew's keywords (none when not given); a count outside 1..8, or
+    a workload other than skew, exits 2 before anything starts."""
+    if workers is None and not headline:
         return {}
     if workload != "skew":
-        console.print(f"[red]error:[/red] --workers is for `bench skew` only, not {workload!r}")
+        console.print(f"[red]error:[/red] --workers and --headline are for `bench skew` only, not {workload!r}")
         raise typer.Exit(2)
-    if not 1 <= workers <= MAX_SKEW_WORKERS:
+    if workers is not None and not 1 <= workers <= MAX_SKEW_WORKERS:
         console.print(f"[red]error:[/red] --workers must lie in 1..{MAX_SKEW_WORKERS}, got {workers}")
         raise typer.Exit(2)
-    return {"workers": workers}
+    return ({"workers": workers} if workers is not None else {}) | ({"headline": True} if headline else {})
 
 
 def _scale_option(workload: str, scale: str | None, quick: bool) -> tuple[int, ...] | None:

@@ -1,6 +1,6 @@
 """`streamjoin bench skew --quick`, as a user runs it: one key at 40% of the input, the unsplit
 job's backlog drain checked by Spark verify, its live run verified with its p99 delay, the
-split job's runs the same way (where the build splits hot keys: the key reported split), the
+split job's runs the same way (the key reported split, what went to the slots metered), the
 Spark peer on the same input, ratios, JSON and plot. Behaviour only: the figures themselves are
 for docs/benchmarks/skew.md."""
 
@@ -52,22 +52,22 @@ def test_bench_skew_quick_reports_both_runs_exact_beside_the_spark_peer(tmp_path
 
     split = case["split"]
     ratios = data["ratios"]
-    if data["parameters"]["splitting_in_build"]:
-        assert verified(split["live"]["verify"])
-        assert split["backlog"]["identical_to_verified_run"] is True
-        assert split["backlog"]["steady_from"] == backlog["steady_from"]
-        assert split["live"]["splits"] and split["backlog"]["splits"]  # the key was split in both runs
-        tput = ratios[f"{CASE}_split_vs_unsplit_throughput"]
-        assert tput["ours"] == split["backlog"]["tuples_per_s_steady"]
-        assert tput["peer"] == backlog["tuples_per_s_steady"]
-        assert math.isclose(tput["ratio"], tput["ours"] / tput["peer"])
-        p99 = ratios[f"{CASE}_unsplit_vs_split_p99"]
-        split_p99 = split["live"]["verify"]["delay_ms"]["p99"]
-        assert math.isclose(p99["ratio"], live["verify"]["delay_ms"]["p99"] / split_p99)
-        assert data["acceptance"]["met"] is False  # two workers, not the headline's three
-    else:
-        assert split["ran"] is False and "hot_key_slots" in split["why"]
-        assert set(ratios) == {f"{CASE}_unsplit_vs_spark_throughput"} and data["acceptance"]["met"] is None
+    assert verified(split["live"]["verify"])
+    assert split["backlog"]["identical_to_verified_run"] is True
+    assert split["backlog"]["steady_from"] == backlog["steady_from"] and split["backlog"]["tuples_per_s_steady"] > 0
+    # The key was split in both runs, and what went to the slots was metered.
+    for run in (split["backlog"], split["live"]):
+        assert run["splits"] and run["split"]["replicated_tuples"] > 0 and run["split"]["fragmented_tuples"] > 0
+        assert run["split"]["split_topic_bytes"] > 0
+    assert "replicated_tuples" not in backlog["split"] and backlog["split"]["split_topic_bytes"] == 0
+    tput = ratios[f"{CASE}_split_vs_unsplit_throughput"]
+    assert tput["ours"] == split["backlog"]["tuples_per_s_steady"]
+    assert tput["peer"] == backlog["tuples_per_s_steady"]
+    assert math.isclose(tput["ratio"], tput["ours"] / tput["peer"])
+    p99 = ratios[f"{CASE}_unsplit_vs_split_p99"]
+    split_p99 = split["live"]["verify"]["delay_ms"]["p99"]
+    assert math.isclose(p99["ratio"], live["verify"]["delay_ms"]["p99"] / split_p99)
+    assert data["acceptance"]["met"] is False  # two workers, not the headline's three
 
     peers = data["peers"][CASE]
     spark = peers["spark"]

@@ -69,13 +69,6 @@ def test_acceptance_needs_both_ratios_exactness_and_three_workers(split_tput: fl
     assert got["met"] is met
 
 
-def test_acceptance_without_a_split_run_is_undecided() -> None:
-    c = case(2500.0, 200.0)
-    c["split"] = {"ran": False, "why": "no splitting"}
-    assert skew.acceptance({skew.HEADLINE.name: c}, 3)["met"] is None
-    assert all(skew.exact_runs(c)) and list(skew.ratios("c", c, PEERS)) == ["c_unsplit_vs_spark_throughput"]
-
-
 def test_the_report_takes_the_peers_out_of_the_cases_and_judges_the_headline() -> None:
     cases = {skew.HEADLINE.name: case(2500.0, 200.0) | {"peers": PEERS}}
     got = skew.assemble(skew.QUICK, True, 3, cases)
