@@ -113,7 +113,7 @@ SPLIT_SENT = Counter("streamjoin_split_sent_tuples", "Tuples of split hot keys a
                      "stream's, sent to every slot, the window's copy at the split included)", ["kind"],
                      registry=REGISTRY)
 SPLIT_SKIPPED = Counter("streamjoin_split_records_skipped", "Records a slot read on <job>.split and skipped as taken "
-                        "before (a retried write) or of an episode it no longer serves", registry=REGISTRY)
+                        "before (a retried write) or of an episode older than the one it serves", registry=REGISTRY)
 REPARTITION_DUPLICATES = Counter("streamjoin_repartition_duplicates", "Forwarded records seen again after a retried "
                                  "cycle, and skipped", registry=REGISTRY)
 RECOVERED_BATCHES = Counter("streamjoin_recovered_batches", "Batches replayed at start to catch state up",

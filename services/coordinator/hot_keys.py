@@ -3,9 +3,10 @@ with hysteresis, so that a key near the threshold does not flap:
 
   a key becomes hot when its share of the job's input is at least `coordinator.hot_key_share`
   and at least `coordinator.hot_key_min_tuples` of its tuples were counted;
-  a hot key cools when its share falls below `coordinator.hot_key_cool_share`; while no alive
-  worker holds its group (its worker died and the group is on its way to another), nothing
-  measures it, and it stays hot.
+  a hot key cools when its share falls below `coordinator.hot_key_cool_share`, as measured by
+  an alive worker that has held its group for the two epochs the share is counted over: while
+  nobody holds it (its worker died, the group is on its way) or its new holder has counted less,
+  the key stays as it is (a split would otherwise flap through every failover and move).
 
 The job's input is what the alive workers counted over the current and the last reorganisation
 epoch. Each change is logged and the hot keys are metered (streamjoin_coordinator_hot_keys,
@@ -64,27 +65,34 @@ class HotKeys:
     spec: CoordinatorSpec
     latest: dict[str, Heartbeat] = field(default_factory=dict)  # worker -> its latest heartbeat
     hot: dict[Key, Share] = field(default_factory=dict)
+    since: dict[int, tuple[str, int]] = field(default_factory=dict)  # group -> (its holder, wall ms it first said so)
 
     def on_heartbeat(self, beat: Heartbeat, alive: list[str]) -> None:
         """Take `beat` in, and decide again with the latest heartbeat of each alive worker."""
         self.latest[beat.worker] = beat
         self.latest = {w: b for w, b in self.latest.items() if w in alive or w == beat.worker}
+        for g in beat.groups:
+            if self.since.get(g, ("", 0))[0] != beat.worker:
+                self.since[g] = (beat.worker, beat.wall_ms)
         now = shares(self.latest)
         for key, seen in sorted(now.items()):
             if key not in self.hot and turns_hot(seen, self.spec):
                 log.info("hot key", group=key[0], key=key[1], share=round(seen.share, 3), tuples=seen.count,
                          worker=seen.worker)
                 self.hot[key] = seen
-        held = {g for b in self.latest.values() for g in b.groups}
         for key in sorted(self.hot):
             seen = now.get(key)
-            if seen is None and key[0] not in held:
-                continue  # its holder is gone: not measured, not cooled (a split would flap through a failover)
-            if seen is None or seen.share < self.spec.hot_key_cool_share:
+            if (seen is None or seen.share < self.spec.hot_key_cool_share) and self._measured(key[0], beat.wall_ms):
                 log.info("hot key cooled", group=key[0], key=key[1], share=round(seen.share, 3) if seen else 0.0)
                 del self.hot[key]
                 metrics.HOT_KEY_SHARE.remove(str(key[0]), key[1])
-            else:
+            elif seen is not None:
                 self.hot[key] = seen
                 metrics.HOT_KEY_SHARE.labels(str(key[0]), key[1]).set(seen.share)
         metrics.HOT_KEYS.set(len(self.hot))
+
+    def _measured(self, group: int, now_ms: int) -> bool:
+        """Whether an alive worker holds `group` and has for the two epochs its share is counted over."""
+        holder, since = self.since.get(group, ("", 0))
+        held = holder in self.latest and group in self.latest[holder].groups
+        return held and now_ms - since >= 2 * self.spec.reorg_epoch_ms

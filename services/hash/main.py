@@ -415,8 +415,8 @@ class Worker(Pacing, Heartbeats):
             for i, block in enumerate(b.tuples_taken):
                 if len(block):
                     metrics.TUPLES_IN.labels(self.job.streams[i].name).inc(len(block))
-            if b.duplicates:
-                metrics.REPARTITION_DUPLICATES.inc(b.duplicates)
+            if b.duplicates:  # a slot's: records of its group taken before; a group's: forwards seen again
+                (metrics.SPLIT_SKIPPED if b.group in self.job.slots else metrics.REPARTITION_DUPLICATES).inc(b.duplicates)
             metrics.STATE_BYTES.labels(str(b.group)).set(b.state.window.nbytes)
             metrics.STATE_TUPLES.labels(str(b.group)).set(b.state.window.tuples)
             if self.job.join.table is not None:

@@ -1,7 +1,7 @@
 """Coverage-guided fuzzing of a record decoder, or of the query parser (`cql`), with
 atheris (libFuzzer).
 
-    python tests/fuzz/fuzz.py json|json-fields|avro|blocks|cql [libFuzzer flags] [corpus dirs]
+    python tests/fuzz/fuzz.py json|json-fields|avro|blocks|cql|split [libFuzzer flags] [corpus dirs]
 
 e.g. `python tests/fuzz/fuzz.py json -max_total_time=300 tests/fuzz/corpus/json`.
 Crashers land in the working directory (crash-*); a decoder bug found this way goes

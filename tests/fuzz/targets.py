@@ -1,5 +1,6 @@
 """Fuzz targets, one per record decoder: bytes in, the decoder's verdict checked
-(plus `cql`, the query parser's, in tests/fuzz/query_target.py).
+(plus `cql`, the query parser's, in tests/fuzz/query_target.py, and `split`, the slots'
+record decoder's, in tests/fuzz/split_target.py).
 
 A fuzz input is a poll of records: its bytes split at RS (0x1e), each piece one
 record value, an empty piece a tombstone, followed by one known good record.
@@ -25,6 +26,7 @@ from streamjoin.engine.block import KEY, Block
 from streamjoin.schemas.codecs import DECODERS, Decoded, avro_schema, encode_block
 from streamjoin.settings import StreamSpec
 from tests.fuzz.query_target import check_query_text
+from tests.fuzz.split_target import check_split_record
 
 SPEC = StreamSpec(name="f", fields={"k": "int", "ts": "int", "v": "str", "w": "float", "b": "bool", "raw": "bytes"},
                   time_field="ts", key_fields=["k"], window={"range_ms": 10})
@@ -101,9 +103,11 @@ def check(decoder: str, data: bytes) -> Decoded:
 
 
 def target(decoder: str) -> Callable[[bytes], None]:
-    """The libFuzzer entry point for `decoder`, or for the query parser (`cql`)."""
+    """The libFuzzer entry point for `decoder`, the query parser (`cql`) or the slots' records (`split`)."""
     if decoder == "cql":
         return check_query_text
+    if decoder == "split":
+        return check_split_record
 
     def one_input(data: bytes) -> None:
         check(decoder, data)

@@ -14,7 +14,7 @@ CASES = sorted((d.name, f) for d in CORPUS.iterdir() if d.is_dir() for f in d.it
 
 
 def test_every_decoder_has_a_corpus() -> None:
-    assert {decoder for decoder, _ in CASES} == {"json", "json-fields", "avro", "blocks", "cql"}
+    assert {decoder for decoder, _ in CASES} == {"json", "json-fields", "avro", "blocks", "cql", "split"}
 
 
 @pytest.mark.parametrize("decoder, path", CASES, ids=[f"{d}/{p.name}" for d, p in CASES])

@@ -5,6 +5,8 @@ status` shows."""
 
 from __future__ import annotations
 
+import itertools
+
 from collections import Counter
 
 import numpy as np
@@ -122,9 +124,13 @@ def sample(name: str, **labels: str) -> float | None:
     return metrics.REGISTRY.get_sample_value(name, labels)
 
 
-def beat(worker: str, counted: int, *hot: tuple[int, str, int], groups: tuple[int, ...] = (0, 2, 4)) -> Heartbeat:
-    return Heartbeat(worker=worker, wall_ms=0, keys_counted=counted, groups=list(groups),
-                     hot_keys=[HotKey(group=g, key=k, count=c) for g, k, c in hot])
+CLOCK = itertools.count(0, 3_600_000)  # heartbeats an hour apart unless a test says when
+
+
+def beat(worker: str, counted: int, *hot: tuple[int, str, int], groups: tuple[int, ...] = (0, 2, 4),
+         wall_ms: int | None = None) -> Heartbeat:
+    return Heartbeat(worker=worker, wall_ms=next(CLOCK) if wall_ms is None else wall_ms, keys_counted=counted,
+                     groups=list(groups), hot_keys=[HotKey(group=g, key=k, count=c) for g, k, c in hot])
 
 
 def test_a_key_turns_hot_at_the_share_and_cools_only_below_the_lower_one() -> None:
@@ -156,15 +162,16 @@ def test_a_small_job_has_no_hot_keys_and_a_dead_workers_report_leaves() -> None:
     assert not keys.hot
 
 
-def test_a_hot_key_whose_group_nobody_holds_stays_hot_until_its_new_holder_reports() -> None:
-    spec = CoordinatorSpec(hot_key_share=0.3, hot_key_cool_share=0.1, hot_key_min_tuples=1000)
+def test_a_hot_key_cools_only_once_a_holder_has_counted_its_group_for_two_epochs() -> None:
+    spec = CoordinatorSpec(hot_key_share=0.3, hot_key_cool_share=0.1, hot_key_min_tuples=1000, reorg_epoch_ms=20_000)
     keys = HotKeys(spec)
-    keys.on_heartbeat(beat("w1", 5000, (0, "k", 4000), groups=(0,)), ["w1", "w2"])
-    keys.on_heartbeat(beat("w2", 5000, groups=(2,)), ["w2"])  # w1 died; its group fails over
-    assert set(keys.hot) == {(0, "k")}  # not measured, so not cooled: a split would flap through a failover
-    keys.on_heartbeat(beat("w2", 5000, (0, "k", 3000), groups=(0, 2)), ["w2"])
-    assert set(keys.hot) == {(0, "k")}
-    keys.on_heartbeat(beat("w2", 5000, groups=(0, 2)), ["w2"])
+    keys.on_heartbeat(beat("w1", 5000, (0, "k", 4000), groups=(0,), wall_ms=0), ["w1", "w2"])
+    keys.on_heartbeat(beat("w2", 5000, groups=(2,), wall_ms=50_000), ["w2"])  # w1 died; its group fails over
+    assert set(keys.hot) == {(0, "k")}  # nobody measures it: not cooled
+    keys.on_heartbeat(beat("w2", 5000, groups=(0, 2), wall_ms=60_000), ["w2"])
+    keys.on_heartbeat(beat("w2", 5000, groups=(0, 2), wall_ms=99_000), ["w2"])
+    assert set(keys.hot) == {(0, "k")}  # its new holder has counted it for under two epochs
+    keys.on_heartbeat(beat("w2", 5000, groups=(0, 2), wall_ms=100_000), ["w2"])
     assert not keys.hot
 
 

@@ -5,6 +5,7 @@ the slot's side of the wire: hostile `<job>.split` records dead-lettered, never 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +23,17 @@ from streamjoin.schemas.split_records import SPLIT_HEADER, SplitRecord, decode_s
 from streamjoin.services.coordinator import placement
 from streamjoin.services.coordinator.hot_keys import HotKeys
 from streamjoin.services.coordinator.splits import Splits, refusal
+from streamjoin.services.hash.processor import SLOT_INPUT, group_store, join_plan, run_cycle
+from streamjoin.services.io.intake import RecordBuffer, routing_for
+from streamjoin.services.io.templates import stream_templates
 from streamjoin.settings import JobSettings, load
+from streamjoin.state.store import Store
 from tests.profiles import examples
 from tests.unit.test_intake import Msg
 
 pytestmark = pytest.mark.unit
 WORKERS = ["w0", "w1", "w2"]
+CLOCK = itertools.count(0, 3_600_000)  # heartbeats an hour apart: every holder has counted two epochs
 
 
 def _job(slots: int = 3, partitions: int = 6, **join: object) -> JobSettings:
@@ -40,7 +46,7 @@ def _job(slots: int = 3, partitions: int = 6, **join: object) -> JobSettings:
 
 def _beat(worker: str, groups: list[int], hot: list[tuple[int, str, int, int]], counted: int = 1_000,
           splits: dict | None = None) -> Heartbeat:
-    return Heartbeat(worker=worker, wall_ms=0, groups=groups, keys_counted=counted, splits=splits or {},
+    return Heartbeat(worker=worker, wall_ms=next(CLOCK), groups=groups, keys_counted=counted, splits=splits or {},
                      hot_keys=[HotKey(group=g, key=k, count=c, code=code) for g, k, c, code in hot])
 
 
@@ -209,3 +215,26 @@ def test_hostile_split_records_are_refused_with_a_reason_never_raised(cut: int, 
         assert isinstance(back, (SplitRecord, str))
         if isinstance(back, SplitRecord):
             assert [b.names for b in back.blocks] == [empty.names, empty.names]
+
+
+def test_a_slot_dead_letters_what_is_not_its_groups_record_and_takes_the_rest(tmp_path: Path) -> None:
+    job = _job(slots=1, partitions=1)
+    plan = join_plan(job)
+    store = group_store(job, plan, Store(tmp_path / "db"), stream_templates(job))
+    slot, topic = job.partitions, job.split_topic
+    good = SplitRecord(2, 0, 5, 100, True, False, [system_block(
+        np.array([1]), np.array([50]), np.array([0]), np.array([3]), np.array([0]),
+        {"k": np.array([1]), "ts": np.array([50])}), _template()[1]])
+    _, value, headers = encode_split(good)
+    no_start = SplitRecord(3, 0, 6, 100, False, False, good.blocks)
+    messages = [Msg(topic, 0, 0, b"garbage", [(SPLIT_HEADER, b"{}")]), Msg(topic, 0, 1, value, headers),
+                Msg(topic, 0, 2, value, headers), Msg(topic, 0, 3, *encode_split(no_start)[1:])]
+    buf = RecordBuffer()
+    buf.extend(messages, topic, np.full(4, slot), np.zeros(4, np.int64))
+    batch, = run_cycle(job, plan, store, {SLOT_INPUT: buf}, [routing_for(job, 1)] * 2, 0)
+    assert [(d.offset, d.reason, d.topic) for d in batch.dead] == [(0, "malformed", topic), (3, "malformed", topic)]
+    assert all(d.detail for d in batch.dead)
+    assert batch.duplicates == 1  # the record written twice is taken once
+    assert (batch.state.checkpoint.slot.episode, batch.state.checkpoint.slot.seq) == (2, 5)
+    assert [len(b) for b in batch.appended] == [1, 0] and batch.state.window.watermark == 100
+    store.rocksdb.close()
