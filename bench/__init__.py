@@ -7,7 +7,7 @@ A workload is a module with `run(env, quick, plot_path) -> dict` returning
 at least `exact`, `parameters`, `ours`, `peers` and `ratios`; it registers
 here by module name and is imported only when it runs, so a workload that
 needs no Spark (band, psp's imports) runs where pyspark is not installed.
-Options beyond --quick go to `run` as keywords (band: `nodes`). The shared
+Options beyond --quick go to `run` as keywords (band: `nodes`; skew: `workers`). The shared
 pieces it builds on: `env` (broker, Spark, progress), `ours` (sweep and
 replay of a hash-partitioned job), `peers/` (Spark, raw Kafka consumption,
 the reference join), `inputs` (the input as Arrow tables) and `report`
@@ -27,7 +27,7 @@ from streamjoin.bench.env import bench_env
 Workload = Callable[..., dict]  # run(env: BenchEnv, quick: bool, plot_path: Path | None, **options) -> dict
 WORKLOADS: dict[str, str] = {name: f"streamjoin.bench.{name}"
                              for name in ("equijoin", "band", "psp", "adapt", "delay", "splitjoin", "reuse", "asof",
-                                          "nexmark")}
+                                          "nexmark", "skew")}
 
 
 def workload(name: str) -> Workload:

@@ -7,7 +7,8 @@ free string padded with 'x' so the object is `workload.tuple_bytes` long),
 record key = the canonical join-key text, partition = Kafka's default
 partitioner on that key (murmur2, `partitions_for_keys`), so no record is
 re-routed. Tuples are the equijoin generator's (services/workloads.py):
-Poisson arrivals, b-model keys; key fields and other numbers carry the key.
+Poisson arrivals, b-model keys (Zipf keys for workload.kind zipf); key fields
+and other numbers carry the key.
 
 Event time spans `event_ms` from a start the caller picks (the scale run
 puts it that far in the past, so no tuple is ahead of the workers' clock),
@@ -134,12 +135,13 @@ def chunks(job: JobSettings, plan: BacklogPlan, start_ms: int) -> Iterator[Chunk
 
 def draw(job: JobSettings, stream: int, index: int, t0_ms: int, t1_ms: int, rate: float) -> Chunk:
     """Stream `stream`'s chunk `index`: Poisson arrivals at `rate` tuples/s (times the stream's
-    workload.rate_factors) in [t0_ms, t1_ms), b-model keys, each key's partition."""
+    workload.rate_factors) in [t0_ms, t1_ms), keyed workload keys (b-model, or Zipf for
+    workload.kind zipf), each key's partition."""
     w = job.workload
     rng = np.random.default_rng([w.random_state, stream, _BACKLOG, index])
     spec = job.streams[stream]
     arrivals = workloads.poisson_times(rng, rate * w.rate_factors.get(spec.name, 1.0), t0_ms, t1_ms)
-    key = workloads.b_model_keys(rng, len(arrivals), w.skew, w.domain)
+    key = workloads.equijoin_keys(rng, len(arrivals), job)
     ts = np.floor(arrivals).astype(np.int64)
     return Chunk(stream, ts, key, partitions_for_keys(record_keys(spec, tuple_columns(spec, ts, key)), job.partitions))
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,6 +47,10 @@ from streamjoin.topology import topics
 DELAY_METRIC = "streamjoin_production_delay_seconds"
 VERIFY_KEYS = ("verified", "missing", "extra", "duplicates", "bad_ids", "lost", "expected", "results", "inputs",
                "dead_letter", "delay_ms")
+
+
+# replay's `observe`: (the fleet, still running; progress samples; the processes' start, epoch s) -> figures.
+Observer = Callable[[Fleet, list[tuple[float, float]], float], dict]
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,20 @@ def scrape_delays(port: int, metric: str = DELAY_METRIC) -> Histogram:
                 total = sample.value
     edges = np.array(sorted(buckets))
     return Histogram(edges, np.array([buckets[e] for e in edges]), total)
+
+
+def scrape_counters(port: int, names: Sequence[str], by: str | None = None) -> dict[str, float]:
+    """One process's counters (or gauges) named `names` (sample names: a counter's end in _total)
+    from its /metrics, each summed over its labels, or with `by` per value of that label (keys
+    "name:value"); a name it does not export counts 0 (without `by`) or is absent."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {} if by else dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                key = f"{sample.name}:{sample.labels.get(by, '')}" if by else sample.name
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def fleet_delays(fleet: Fleet, workers: Sequence[str], metric: str = DELAY_METRIC) -> Histogram:
@@ -241,34 +259,51 @@ def run_replay(env: BenchEnv, source: JobSettings, workers: int, output_format: 
     return {**figures, "identical_to_verified_run": bool(np.array_equal(ids, result_ids(env.cluster, source)))}
 
 
-def replay(env: BenchEnv, source: JobSettings, workers: int, output_format: str | None = None,
-           join_type: str | None = None) -> tuple[dict, np.ndarray]:
-    """A fresh fleet of `workers` drains `source`'s whole input as a backlog, writing results in
-    `output_format` and joining `join_type` (defaults: the job's); its figures (sustained
-    tuples/s) and its result ids (result_ids), for the caller to check."""
+def replay_job(env: BenchEnv, source: JobSettings, workers: int, output_format: str | None = None,
+               join_type: str | None = None, name: str | None = None, coordinator: dict | None = None) -> JobSettings:
+    """The job `replay` runs: `source`'s input topics under its own name (default: derived from
+    the source's, the count, the format and the join type), writing `output_format` and joining
+    `join_type` (defaults: the source's), with `coordinator` settings over the source's."""
     fmt = output_format or source.output.format
     suffix = f"-{join_type}" if join_type else ""
-    replay_job = fleet_job(source, env, f"{source.job}-replay{workers}-{fmt}{suffix}", workers).model_copy(update={
+    job = fleet_job(source, env, name or f"{source.job}-replay{workers}-{fmt}{suffix}", workers).model_copy(update={
         "streams": [s.model_copy(update={"topic": source.topic_of(s)}) for s in source.streams],
         "output": source.output.model_copy(update={"format": fmt}),
         "join": source.join.model_copy(update={"type": join_type or source.join.type})})
+    return job.model_copy(update={"coordinator": job.coordinator.model_copy(update=coordinator or {})})
+
+
+def replay(env: BenchEnv, source: JobSettings, workers: int, output_format: str | None = None,
+           join_type: str | None = None, name: str | None = None, coordinator: dict | None = None,
+           observe: Observer | None = None) -> tuple[dict, np.ndarray]:
+    """A fresh fleet of `workers` drains `source`'s whole input as a backlog (the job
+    `replay_job` makes of the arguments); its figures (sustained tuples/s) and its result ids
+    (result_ids), for the caller to check.
+
+    observe: called once drained, before the fleet stops (its metrics are still up), with the
+    fleet, the progress samples (seconds since the processes started, tuples committed) and that
+    start as epoch seconds; its dict joins the figures."""
+    job = replay_job(env, source, workers, output_format, join_type, name, coordinator)
+    fmt = job.output.format
     samples: list[tuple[float, float]] = []
-    began = time.monotonic()
+    began, began_wall = time.monotonic(), time.time()
     # Sampling starts with the processes: the 10%-90% cut then leaves start-up out, however short the backlog.
-    fleet, _ = start_fleet(env, replay_job, workers, wait=False)
-    wait_drained(replay_job, env.bootstrap, fleet, timeout=3600,
+    fleet, _ = start_fleet(env, job, workers, wait=False)
+    wait_drained(job, env.bootstrap, fleet, timeout=3600,
                  on_progress=lambda done, total: samples.append((time.monotonic() - began, done)))
     fleet.assert_running()
+    observed = observe(fleet, samples, began_wall) if observe is not None else {}
     restarts = fleet.restarts
     fleet.stop_all()
-    ids = result_ids(env.cluster, replay_job)
+    ids = result_ids(env.cluster, job)
     total = samples[-1][1] if samples else 0
     wall = samples[-1][0] if samples else None
     # Cold start: launch to the sample that saw every input committed, with its results.
-    return {"job": replay_job.job, "workers": workers, "output_format": fmt, "join_type": replay_job.join.type,
+    return {"job": job.job, "workers": workers, "output_format": fmt, "join_type": job.join.type,
             "inputs": int(total), "wall_seconds": round(wall, 2) if wall else None,
             "cold_start_tuples_per_s": total / wall if wall else None,
-            "tuples_per_s": sustained_rate(samples), "restarts": restarts, "results": int(len(ids))}, ids
+            "tuples_per_s": sustained_rate(samples), "restarts": restarts, "results": int(len(ids)),
+            **observed}, ids
 
 
 # ---------------------------------------------------------------- reading the topics back

@@ -8,6 +8,10 @@ arrival instant (epoch ms, floored). The other fields depend on
   equijoin  the equi-join workload: b-model keys over `domain` in the key fields and the
             other numbers, the first free string field padded so the JSON
             record is about `tuple_bytes` long.
+  zipf      hot keys, on equijoin's tuples: `top_key_share` of the tuples take key 0,
+            the rest draw Zipf keys over `domain` (key i with weight 1 / (i + 1)^zipf_exponent,
+            so key 0 is also Zipf's most frequent): one key carrying a set share of the
+            input, or a Zipf tail, or both.
   band      the handshake/SplitJoin band join, R(x, y, z) and S(a, b, c, d):
             ints uniform in 1..value_max, floats uniform in [1, value_max],
             strings 20 random letters, bools fair coins.
@@ -91,6 +95,39 @@ def b_model_keys(rng: np.random.Generator, n: int, skew: float, domain: int) -> 
     return light.astype(np.int64) @ (np.int64(1) << np.arange(levels, dtype=np.int64))
 
 
+def zipf_keys(rng: np.random.Generator, n: int, exponent: float, domain: int, top_share: float = 0.0) -> np.ndarray:
+    """n keys in [0, domain): key 0 with probability `top_share`, else key i with probability
+    proportional to 1 / (i + 1)^exponent (inverse transform on the cumulative weights)."""
+    drawn = np.searchsorted(_zipf_cdf(domain, float(exponent)), rng.random(n), side="right")
+    keys = np.minimum(drawn, domain - 1).astype(np.int64)  # a draw of exactly 1.0 - eps past the last bound
+    if top_share > 0:
+        keys[rng.random(n) < top_share] = 0
+    return keys
+
+
+@functools.lru_cache(maxsize=8)
+def _zipf_cdf(domain: int, exponent: float) -> np.ndarray:
+    weights = np.arange(1, domain + 1, dtype=np.float64) ** -exponent
+    cdf = np.cumsum(weights) / weights.sum()
+    cdf.setflags(write=False)
+    return cdf
+
+
+def zipf_shares(domain: int, exponent: float, top_share: float = 0.0) -> np.ndarray:
+    """Each key's expected share of the tuples `zipf_keys` draws, float[domain]."""
+    pdf = np.diff(np.r_[0.0, _zipf_cdf(domain, float(exponent))]) * (1 - top_share)
+    pdf[0] += top_share
+    return pdf
+
+
+def equijoin_keys(rng: np.random.Generator, n: int, job: JobSettings) -> np.ndarray:
+    """n join keys of the job's keyed workload: b-model (kind equijoin) or Zipf (kind zipf)."""
+    w = job.workload
+    if w.kind == "zipf":
+        return zipf_keys(rng, n, w.zipf_exponent, w.domain, w.top_key_share)
+    return b_model_keys(rng, n, w.skew, w.domain)
+
+
 def generate(job: JobSettings, stream: int, rng: np.random.Generator, t0_ms: int, t1_ms: int,
              rate: float) -> Columns:
     """Stream `stream`'s tuples arriving in [t0_ms, t1_ms), one column per field, in arrival order."""
@@ -109,9 +146,9 @@ def sample(job: JobSettings, stream: int, n: int, seed: int) -> Columns:
 
 def _equijoin(job: JobSettings, spec: StreamSpec, rng: np.random.Generator, arrivals: np.ndarray,
               t0_ms: int) -> Columns:
-    """Key fields and other numbers carry the b-model key k; free strings are empty but the padding."""
-    k = b_model_keys(rng, len(arrivals), job.workload.skew, job.workload.domain)
-    return _keyed_columns(job, spec, arrivals, k)
+    """Key fields and other numbers carry the key k (b-model, or Zipf for kind zipf); free strings
+    are empty but the padding."""
+    return _keyed_columns(job, spec, arrivals, equijoin_keys(rng, len(arrivals), job))
 
 
 def _keyed_columns(job: JobSettings, spec: StreamSpec, arrivals: np.ndarray, k: np.ndarray) -> Columns:
@@ -435,4 +472,5 @@ def _airline_columns(workload: WorkloadSpec, name: str, rng: np.random.Generator
 
 
 _KINDS: dict[str, Callable[[JobSettings, StreamSpec, np.random.Generator, np.ndarray, int], Columns]] = {
-    "equijoin": _equijoin, "band": _band, "images": _images, "productivity": _productivity_groups, "airline": _airline}
+    "equijoin": _equijoin, "zipf": _equijoin, "band": _band, "images": _images, "productivity": _productivity_groups,
+    "airline": _airline}

@@ -69,20 +69,31 @@ class WorkloadSpec(StrictModel):
               Groups start on worker g % workers, so with 3 workers [4, 1, 1] makes
               worker 0's groups the productive ones (Figure 21), [4, 2, 1] thirds of
               the groups (Figure 11).
+    zipf      hot keys: Zipf keys over `domain` (exponent `zipf_exponent`), key 0 the most
+              frequent, plus key 0 for `top_key_share` of the tuples on top, `tuple_bytes`-sized
+              JSON tuples like equijoin's;
     airline   the StreamReuse paper's Delta OIS example: streams flights, checkins,
               baggage and weather over one flight catalogue of `carriers` carriers (Zipf shares,
               exponent `carrier_skew`: a few big ones), about `flights_per_carrier`
               flights each, `terminals` terminals and `cities` destinations; each
               stream's rate is `rate` times its `rate_factors` entry."""
 
-    kind: Literal["equijoin", "band", "images", "productivity", "airline"] = Field(
+    kind: Literal["equijoin", "band", "images", "productivity", "zipf", "airline"] = Field(
         default="equijoin",
         description="the generator: equijoin (b-model keys over domain), band (numbers in 1..value_max), images "
-                    "(RGB images), productivity (groups of different join ratios) or airline (flights, check-ins, "
-                    "baggage and weather over one flight catalogue)")
+                    "(RGB images), productivity (groups of different join ratios), zipf (Zipf keys over domain and "
+                    "one hot key) or airline (flights, check-ins, baggage and weather over one flight catalogue)")
     rate: float = Field(default=1500.0, gt=0, description="tuples/s per stream")
     skew: float = Field(default=0.7, ge=0.5, lt=1.0, description="b-model bias")
     domain: int = Field(default=1 << 20, gt=1, description="join-key domain size (power of two)")
+    zipf_exponent: float = Field(
+        default=1.0, ge=0, le=4,
+        description="zipf: the keys' Zipf exponent: key i (0-based) is drawn with weight 1 / (i + 1)^zipf_exponent "
+                    "(0 = uniform over domain)")
+    top_key_share: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="zipf: this share of each stream's tuples take key 0 outright, the rest draw Zipf keys (so key 0 "
+                    "carries at least this share: a single hot key)")
     tuple_bytes: int = Field(default=64, ge=32,
                              description="about how long each generated JSON record is, in bytes (a string "
                                          "field is padded to it)")

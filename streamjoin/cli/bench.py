@@ -12,6 +12,8 @@ import typer
 
 from streamjoin.cli.common import console, extra_needed, require_extra
 
+MAX_SKEW_WORKERS = 8  # skew's runs are for a few workers: each one is a process of its own
+
 
 def bench(
     workload: Annotated[str, typer.Argument(
@@ -22,7 +24,8 @@ def bench(
              "reuse (N airline continuous queries with operator sharing off, exact-only and relaxed) | "
              "asof (orders joined with the customer row valid at their time, beside Quix Streams and PyFlink) | "
              "nexmark (Nexmark's join queries q3, q8 and q20 beside PyFlink and Spark, and Flink's published "
-             "figures)")],
+             "figures) | "
+             "skew (a hot key split over workers against the same job unsplit, beside Spark and PyFlink)")],
     quick: Annotated[bool, typer.Option("--quick", help="small enough for CI (a minute or two)")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write the curve PNG here")] = None,
@@ -36,6 +39,10 @@ def bench(
         "--scale", help="equijoin only: worker counts as a comma list (e.g. 1,2,4,8,12), run instead of the sweep "
                         "as a scale-out curve: one backlog preloaded without Spark, drained with each count; the "
                         "JSON gives tuples/s, speedup, CPU of workers and broker, and the raw-consume limit")] = None,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="skew only: workers per run, 2-4 on a small machine (default 3; --quick: 2)")] = None,
+    headline: Annotated[bool, typer.Option(
+        "--headline", help="skew only: the headline case alone (one key at 40% of the input), not the sweep")] = False,
 ) -> None:
     """Benchmark a workload against its peers, measured in the same run; exits 1 if our output is not exact.
 
@@ -46,17 +53,17 @@ def bench(
     raise_on_signals()
     try:
         with extra_needed("bench"):
-            _bench(workload, quick, json_path, plot, nodes, durability, scale)
+            _bench(workload, quick, json_path, plot, nodes, durability, scale, workers, headline)
     except Stopped:
         console.print("bench stopped; its services and broker are stopped too")
 
 
 def _bench(workload: str, quick: bool, json_path: Path | None, plot: Path | None, nodes: str | None,
-           durability: bool, scale: str | None) -> None:
+           durability: bool, scale: str | None, skew_workers: int | None = None, headline: bool = False) -> None:
     """`bench` past its signal handling: the run, its JSON and its exit code."""
     from streamjoin.bench import WORKLOADS, run_bench
 
-    options = _bench_options(workload, nodes, durability)
+    options = _bench_options(workload, nodes, durability) | _skew_options(workload, skew_workers, headline)
     workers = _scale_option(workload, scale, quick)
     if workers is not None:
         from streamjoin.bench import scale as scale_bench
@@ -93,6 +100,20 @@ def _bench_options(workload: str, nodes: str | None, durability: bool = False) -
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
+
+
+def _skew_options(workload: str, workers: int | None, headline: bool) -> dict:
+    """--workers and --headline as skew's keywords (none when not given); a count outside 1..8, or
+    a workload other than skew, exits 2 before anything starts."""
+    if workers is None and not headline:
+        return {}
+    if workload != "skew":
+        console.print(f"[red]error:[/red] --workers and --headline are for `bench skew` only, not {workload!r}")
+        raise typer.Exit(2)
+    if workers is not None and not 1 <= workers <= MAX_SKEW_WORKERS:
+        console.print(f"[red]error:[/red] --workers must lie in 1..{MAX_SKEW_WORKERS}, got {workers}")
+        raise typer.Exit(2)
+    return ({"workers": workers} if workers is not None else {}) | ({"headline": True} if headline else {})
 
 
 def _scale_option(workload: str, scale: str | None, quick: bool) -> tuple[int, ...] | None:

@@ -16,6 +16,7 @@ from streamjoin.bench import band, band_workload
 from streamjoin.cli import app
 
 runner = CliRunner()
+SKEW_ONLY = "--workers and --headline are for `bench skew`"
 
 NO_SPARK = textwrap.dedent("""
     import importlib.abc, sys
@@ -87,7 +88,11 @@ def test_scaling_reports_each_n_against_the_smallest() -> None:
 @pytest.mark.parametrize("args,words", [(["bench", "psp", "--nodes", "1,2"], "--nodes and --durability are for"),
                                         (["bench", "band", "--nodes", "0,2"], "1..64"),
                                         (["bench", "spill", "--nodes", "2"], "--nodes and --durability are for"),
-                                        (["bench", "psp", "--durability"], "--nodes and --durability are for")])
+                                        (["bench", "psp", "--durability"], "--nodes and --durability are for"),
+                                        (["bench", "equijoin", "--workers", "3"], SKEW_ONLY),
+                                        (["bench", "asof", "--headline"], SKEW_ONLY),
+                                        (["bench", "skew", "--workers", "0"], "--workers must lie in 1..8"),
+                                        (["bench", "skew", "--workers", "9"], "--workers must lie in 1..8")])
 def test_bench_cli_rejects_bad_nodes_before_starting(args: list[str], words: str) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output

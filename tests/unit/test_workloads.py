@@ -1,6 +1,7 @@
 """services/workloads.py: deterministic batches of the right columns and types, the
 arrival process, and each kind's distributions (images: the asked-for selectivity; productivity:
-keys in their partition group, same-key partners per tuple growing with the group's join ratio)."""
+keys in their partition group, same-key partners per tuple growing with the group's join ratio;
+zipf: Zipf key frequencies and one key's share on top)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from streamjoin.engine.udfs import pixel_similarity
 from streamjoin.schemas.join_keys import key_bytes, key_text
 from streamjoin.services.spark.sources import _check_formats
 from streamjoin.services.workloads import (generate, group_domains, group_key_field, group_keys, json_lengths,
-                                           json_values, poisson_times, sample, scenes)
+                                           json_values, poisson_times, sample, scenes, zipf_keys, zipf_shares)
 from streamjoin.settings import JobSettings, SettingsError, load
 from streamjoin.topology.partitioner import partition_for, partitions_for_keys
 from tests.profiles import examples
@@ -253,3 +254,56 @@ def test_productivity_fuzz_every_key_lands_in_its_group(partitions: int, tuple_r
     job = productivity_job(partitions=partitions, tuple_range=tuple_range, join_ratios=ratios)
     k = generate(job, 0, np.random.default_rng(seed), T0, T0 + 500, 1000.0)["k"]
     assert_in_domains(job, k, groups_of(k, "int", partitions))
+
+
+# ---------------------------------------------------------------- zipf
+
+
+@pytest.mark.parametrize("exponent, top", [(0.0, 0.4), (0.8, 0.0), (1.5, 0.0), (1.0, 0.25)])
+def test_zipf_keys_follow_their_shares(exponent: float, top: float) -> None:
+    n, domain = 200_000, 512
+    keys = zipf_keys(np.random.default_rng(5), n, exponent, domain, top)
+    assert keys.dtype == np.int64 and keys.min() >= 0 and keys.max() < domain
+    shares = zipf_shares(domain, exponent, top)
+    assert np.isclose(shares.sum(), 1.0) and np.all(np.diff(shares[1:]) <= 1e-15), "key 0 first, then falling"
+    seen = np.bincount(keys, minlength=domain) / n
+    # Each of the ten most frequent keys within five binomial standard deviations of its share.
+    sd = np.sqrt(shares[:10] * (1 - shares[:10]) / n)
+    assert np.all(np.abs(seen[:10] - shares[:10]) < 5 * sd + 1e-9), (seen[:10], shares[:10])
+    assert seen[0] >= top
+
+
+def test_zipf_shares_of_the_sweep() -> None:
+    """The most frequent key's share at the bench's exponents over 4,096 keys, and one key on top."""
+    assert [round(float(zipf_shares(4096, a)[0]), 3) for a in (0.8, 1.0, 1.2, 1.5)] == [0.046, 0.112, 0.215, 0.387]
+    assert zipf_shares(4096, 0.0, 0.4)[0] == pytest.approx(0.4 + 0.6 / 4096)
+
+
+def test_zipf_kind_generates_equijoin_tuples_with_zipf_keys() -> None:
+    job = job_of("equijoin", workload={"kind": "zipf", "domain": 1024, "zipf_exponent": 0.0, "top_key_share": 0.5})
+    cols = batch(job, 0, ms=4000)
+    assert np.all((cols["k"] >= 0) & (cols["k"] < 1024))
+    assert 0.45 < np.mean(cols["k"] == 0) < 0.55
+    assert np.all(json_lengths(job.streams[0], cols) == job.workload.tuple_bytes)
+    assert same(batch(job, 0), batch(job, 0)) and not same(batch(job, 0), batch(job, 0, seed=4))
+
+
+def test_zipf_kind_keys_the_backlog_too() -> None:
+    from streamjoin.bench.backlog import draw
+
+    job = job_of("equijoin", partitions=8, workload={"kind": "zipf", "domain": 256, "top_key_share": 0.3})
+    chunk = draw(job, 0, 0, T0, T0 + 4000, 1000.0)
+    assert abs(np.mean(chunk.key == 0) - zipf_shares(256, job.workload.zipf_exponent, 0.3)[0]) < 0.05
+    assert np.all(chunk.partition == partitions_for_keys(key_text([(chunk.key, "int")]), 8))
+
+
+@pytest.mark.parametrize("workload, field", [
+    ({"zipf_exponent": -0.5}, "workload.zipf_exponent"),
+    ({"zipf_exponent": 4.5}, "workload.zipf_exponent"),
+    ({"zipf_exponent": float("nan")}, "workload.zipf_exponent"),
+    ({"top_key_share": 1.0}, "workload.top_key_share"),
+    ({"top_key_share": -0.1}, "workload.top_key_share"),
+])
+def test_zipf_bad_settings_name_the_field(workload: dict, field: str) -> None:
+    with pytest.raises(SettingsError, match=field):
+        job_of("equijoin", workload={"kind": "zipf", **workload})
