@@ -20,7 +20,8 @@ def bench(
              "spill (state spill policies and disk/distributed adaptation, in-process, no broker) | "
              "splitjoin (k SplitJoin cores and the merger against the PSP ring, order and precision) | "
              "reuse (N airline continuous queries with operator sharing off, exact-only and relaxed) | "
-             "asof (orders joined with the customer row valid at their time, beside Quix Streams and PyFlink)")],
+             "asof (orders joined with the customer row valid at their time, beside Quix Streams and PyFlink) | "
+             "window (a tumbling-window join beside Spark's windowed stream-stream join and PyFlink's window join)")],
     quick: Annotated[bool, typer.Option("--quick", help="small enough for CI (a minute or two)")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write the curve PNG here")] = None,
