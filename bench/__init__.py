@@ -27,7 +27,7 @@ from streamjoin.bench.env import bench_env
 Workload = Callable[..., dict]  # run(env: BenchEnv, quick: bool, plot_path: Path | None, **options) -> dict
 WORKLOADS: dict[str, str] = {name: f"streamjoin.bench.{name}"
                              for name in ("equijoin", "band", "psp", "adapt", "delay", "splitjoin", "reuse", "asof",
-                                          "nexmark", "skew")}
+                                          "nexmark", "skew", "window")}
 
 
 def workload(name: str) -> Workload:

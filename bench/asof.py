@@ -38,13 +38,8 @@ from streamjoin.settings import JobSettings
 def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     plan = QUICK if quick else FULL
     job = asof_job(env, plan)
-    with env.phase(f"our live run: {plan.workers[0]} worker(s), {plan.rate:.0f} tuples/s per stream for "
-                   f"{plan.seconds:.0f}s"):
-        live = run_live(env, job, plan)
-    replays = {}
-    for k in plan.workers:
-        with env.phase(f"our backlog replay with {k} worker(s)"):
-            replays[k] = ours.run_replay(env, job, k)
+    live, replays = ours.live_then_replays(env, job, plan.workers, plan.rate, plan.seconds,
+                                           lambda: run_live(env, job, plan))
     with env.phase("exporting the input and the oracle's pairs for the peers"):
         tables = export_inputs(env.spark, job, env.cluster)
         expected, undecided = expected_pairs(env.spark, job, tables)
@@ -58,11 +53,8 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
               "matches_verified": expected.num_rows == live["verify"]["expected"] and undecided == 0,
               "how": "services/spark/asof_oracle.py (Spark verify's as-of oracle) over the input exported from the "
                      "topics, each group's final table watermark its newest row's time less the lateness"}
-    result = assemble(job, plan, quick, live, replays, {"quix": quix, "pyflink": flink}, oracle)
-    if plot_path is not None:
-        plot(result, plot_path)
-        result["plot"] = str(plot_path)
-    return result
+    return report.judged_report("asof", parameters(job, plan, quick), ours.figures(live, replays), oracle,
+                                {"quix": quix, "pyflink": flink}, plot, plot_path)
 
 
 def run_live(env: BenchEnv, job: JobSettings, plan: AsofPlan) -> dict:
@@ -82,45 +74,10 @@ def parameters(job: JobSettings, plan: AsofPlan, quick: bool) -> dict:
             "customers_with_rows": plan.customers - plan.without_rows}
 
 
-def assemble(job: JobSettings, plan: AsofPlan, quick: bool, live: dict, replays: dict, peers: dict,
-             oracle: dict) -> dict:
-    """The report: our live run and replays, the peers judged against the oracle, the ratios."""
-    throughput = {str(k): r["tuples_per_s"] for k, r in replays.items()}
-    exact = bool(live["verify"]["verified"] and all(r["identical_to_verified_run"] for r in replays.values()))
-    ratios = {}
-    for k, tps in throughput.items():
-        for name, peer in peers.items():
-            if peer["ran"]:
-                ratios[f"throughput_{k}w_vs_{name}"] = report.ratio(tps, peer["tuples_per_s"], "backlog throughput",
-                                                                    "tuples/s")
-    return {"workload": "asof", "exact": exact, "parameters": parameters(job, plan, quick),
-            "ours": {"throughput_tuples_per_s": throughput, "delay_ms": live["verify"]["delay_ms"], "live": live,
-                     "replays": {str(k): r for k, r in replays.items()}},
-            "oracle": oracle, "peers": peers, "ratios": ratios}
-
-
 def plot(result: dict, path: Path) -> None:
     """Backlog throughput bars: ours per worker count, each peer that ran (exact or not, said)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    bars = [(f"streamjoin, {k} worker(s)\nexact", tps) for k, tps in result["ours"]["throughput_tuples_per_s"].items()]
-    for name, peer in result["peers"].items():
-        if peer["ran"]:
-            verdict = "exact" if peer["exact"] else f"{peer['wrong_version']:,} orders joined wrong"
-            bars.append((f"{name}\n{verdict}", peer["tuples_per_s"] or 0))
-    fig, ax = plt.subplots(figsize=(2 + 1.6 * len(bars), 4.5))
-    ax.bar(range(len(bars)), [v for _, v in bars], color=[f"C{i}" for i in range(len(bars))])
-    ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
-    ax.set_ylabel("backlog throughput (tuples/s)")
     params = result["parameters"]
-    ax.set_title(f"as-of {params['join_type']} join, {params['partitions']} partitions, "
-                 f"{params['customers']:,} customers, {params['rate']:,.0f} tuples/s per stream for "
-                 f"{params['seconds']:.0f} s", fontsize=10)
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    report.plot_throughput_bars(result, lambda peer: f"{peer['wrong_version']:,} orders joined wrong",
+                                f"as-of {params['join_type']} join, {params['partitions']} partitions, "
+                                f"{params['customers']:,} customers, {params['rate']:,.0f} tuples/s per stream for "
+                                f"{params['seconds']:.0f} s", path)

@@ -8,59 +8,50 @@ pairs (asof_workload.expected_pairs):
            for is not there yet, and the order is joined with an older row (or none).
   pyflink  PyFlink's event-time temporal join (bench/peers/pyflink_asof_job.py) from the venv
            STREAMJOIN_PYFLINK_PYTHON names, on CSV files of the exported inputs, each file's Kafka
-           partitions merged by their progress in event time (`in_event_time_order`), so that no
-           row is behind its file's watermark.
+           partitions merged by their progress in event time (pyflink_peer.write_sides), so that
+           no row is behind its file's watermark.
 
 Both are launched as their window-join counterparts are (bench/peers/quix_peer.py,
 pyflink_peer.py), with those modules' venv look-up, consumer settings and CSV writer.
 
 A peer's results are compared with the oracle's pairs by both inputs' (partition, offset):
-missing, extra (distinct pairs outside the oracle's), duplicates (results beyond the first of
-their pair) and `wrong_version`: orders whose one result names another row than the valid one
-(or none where there is one, or one where there is none); and `missing_row_arrived_later`:
-the missing pairs whose row reached Kafka no earlier than their order.
+bench/pairs.py's missing, extra and duplicates, and `wrong_version`: orders whose one result
+names another row than the valid one (or none where there is one, or one where there is
+none); and `missing_row_arrived_later`: the missing pairs whose row reached Kafka no earlier
+than their order.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 
+from streamjoin.bench import pairs
 from streamjoin.bench.asof_workload import PAIR, STREAM, TABLE, spec_of
 from streamjoin.bench.inputs import ARRIVAL
 from streamjoin.bench.peers import pyflink_peer, quix_peer
 from streamjoin.services.io import kafka
 from streamjoin.settings import JobSettings
 
-_PAIR_SCHEMA = pa.schema([(c, pa.int64()) for c in PAIR])
+_PAIR_SCHEMA = pairs.schema(PAIR)
 _QUIX_JOB = Path(__file__).with_name("peers") / "quix_asof_job.py"
 _PYFLINK_JOB = Path(__file__).with_name("peers") / "pyflink_asof_job.py"
 
 
 def judge(expected: pa.Table, got: pa.Table, tables: dict[str, pa.Table]) -> dict:
-    """`got`'s results against the `expected` pairs (both PAIR columns): the counts of results,
-    missing, extra, duplicates and wrong_version, `exact`, and of the missing pairs those whose
-    row reached Kafka no earlier than their order (`tables`: the exported inputs, arrival_ms)."""
-    keys = list(PAIR)
-    expected, got = expected.cast(_PAIR_SCHEMA), got.cast(_PAIR_SCHEMA)
-    distinct = got.group_by(keys).aggregate([])
-    missing = expected.join(distinct, keys=keys, join_type="left anti")
-    extra = distinct.join(expected, keys=keys, join_type="left anti")
+    """`got`'s results against the `expected` pairs (both PAIR columns): pairs.judge's counts and
+    `wrong_version`, and of the missing pairs those whose row reached Kafka no earlier than
+    their order (`tables`: the exported inputs, arrival_ms)."""
+    counts, missing, extra = pairs.judge(expected, got, PAIR)
     orders = list(PAIR[:2])
     wrong = missing.select(orders).join(extra.select(orders).group_by(orders).aggregate([]), keys=orders,
                                         join_type="inner")
-    counts = {"results": got.num_rows, "missing": missing.num_rows, "extra": extra.num_rows,
-              "duplicates": got.num_rows - distinct.num_rows, "wrong_version": wrong.num_rows,
-              "missing_row_arrived_later": row_arrived_later(missing, tables)}
-    return counts | {"exact": counts["missing"] == counts["extra"] == counts["duplicates"] == 0}
+    return counts | {"wrong_version": wrong.num_rows, "missing_row_arrived_later": row_arrived_later(missing, tables)}
 
 
 def row_arrived_later(pairs: pa.Table, tables: dict[str, pa.Table]) -> int:
@@ -126,81 +117,23 @@ def run_quix(job: JobSettings, tables: dict[str, pa.Table], cluster: kafka.Clust
 
 
 def run_pyflink(job: JobSettings, tables: dict[str, pa.Table], workdir: Path, expected: pa.Table,
-                parallelism: int = 2, timeout: float = 1800) -> dict:
+                parallelism: int = 2) -> dict:
     """PyFlink's event-time temporal join on CSV files of `tables`, judged against `expected`;
     reported as not run, and why, unless STREAMJOIN_PYFLINK_PYTHON names its venv."""
-    python = os.environ.get(pyflink_peer.PYTHON_ENV)
-    if not python:
-        return {"ran": False, "why": f"{pyflink_peer.PYTHON_ENV} is not set: PyFlink needs its own venv (see "
-                                     "docs/benchmarks/index.md)"}
+    if (missing := pyflink_peer.not_installed()) is not None:
+        return missing
     root = workdir / "pyflink-asof"
-    sides = {}
-    read = {name: in_event_time_order(tables[name], spec_of(job, name).time_field) for name in (STREAM, TABLE)}
-    for name, table in read.items():
-        spec = spec_of(job, name)
-        pyflink_peer._write_csv(table, root / "in" / name, parallelism)
-        pyflink_peer._write_csv(table.slice(0, 0), root / "empty" / name, parallelism)
-        sides[name] = {"name": name, "columns": [[f.name, pyflink_peer._SQL_TYPES[f.type]] for f in table.schema],
-                       "time_field": spec.time_field,
-                       "lateness": pyflink_peer.interval(job.join.allowed_lateness_ms),
-                       "path": str(root / "in" / name), "empty_path": str(root / "empty" / name)}
+    sides = pyflink_peer.write_sides(job, tables, root, parallelism)
     spec = {"parallelism": parallelism, "stream": sides[STREAM], "table": sides[TABLE], "how": job.join.type,
             "key": spec_of(job, TABLE).key_fields[0], "out": str(root / "out")}
-    spec_path = root / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    done = subprocess.run([python, str(_PYFLINK_JOB), str(spec_path)], capture_output=True, text=True,
-                          timeout=timeout)
-    if done.returncode != 0:
-        return {"ran": False, "why": f"the PyFlink job failed ({done.returncode}): {done.stderr[-2000:]}"}
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    inputs = sum(t.num_rows for t in tables.values())
-    work = out["seconds"] - out["startup_seconds"]
-    judged = judge(expected, read_csv_pairs(root / "out" / "results"), tables)
-    behind = {name: behind_file_watermark(table, spec_of(job, name).time_field, job.join.allowed_lateness_ms,
-                                          parallelism) for name, table in read.items()}
-    return {"ran": True, "tuples": inputs, "tuples_per_s": inputs / work if work > 0 else None, **out, **judged,
-            "behind_file_watermark": behind, "expected": expected.num_rows,
-            "version": pyflink_peer._version(python), "parallelism": parallelism,
+    out = pyflink_peer.run_job(_PYFLINK_JOB, spec, root, sum(t.num_rows for t in tables.values()))
+    if not out["ran"]:
+        return out
+    judged = judge(expected, pairs.read_csv(root / "out" / "results", PAIR, PAIR), tables)
+    return {**out, **judged, "behind_file_watermark": pyflink_peer.behind(sides), "expected": expected.num_rows,
             "how": f"Flink SQL event-time temporal join (streaming mode), CSV file sources with watermark "
                    f"{job.join.allowed_lateness_ms} ms (rows in event-time order per Kafka partition, partitions "
                    f"merged by their progress: behind_file_watermark counts rows late in their file), customers with PRIMARY KEY (a versioned table): orders "
                    f"{'LEFT ' if job.join.type == 'left' else ''}JOIN customers FOR SYSTEM_TIME AS OF the order's "
                    "time; results as CSV naming both inputs, judged against the oracle's pairs; throughput over "
                    "the job's seconds less an empty job's"}
-
-
-def in_event_time_order(table: pa.Table, time_field: str) -> pa.Table:
-    """`table`'s rows with each Kafka partition's in offset order, the partitions merged by how
-    far each has come in event time (the newest time so far in its partition): no row then
-    follows one newer than it by more than its own partition's disorder, as a source with a
-    watermark per Kafka partition reads them (ours, Kafka's sources). A CSV file holds several
-    partitions; merged by Kafka timestamp, records written in one tick could fall behind the
-    file's watermark."""
-    table = table.sort_by([("partition", "ascending"), ("offset", "ascending")])
-    part, ts = table["partition"].to_numpy(), table[time_field].to_numpy()
-    progress = np.empty_like(ts)
-    starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]])
-    for a, b in zip(starts, np.r_[starts[1:], len(ts)]):
-        progress[a:b] = np.maximum.accumulate(ts[a:b])
-    return table.take(np.lexsort((table["offset"].to_numpy(), part, progress)))
-
-
-def behind_file_watermark(table: pa.Table, time_field: str, lateness_ms: int, files: int) -> int:
-    """Rows of `table` that follow, in their CSV file (partition mod `files`, rows in table order),
-    a row newer than them by more than the lateness: behind the watermark of a source reading
-    that file (none, in `in_event_time_order`)."""
-    which = table["partition"].to_numpy() % files
-    ts = table[time_field].to_numpy()
-    behind = 0
-    for i in range(files):
-        t = ts[which == i]
-        behind += int((t < np.maximum.accumulate(t) - lateness_ms).sum())
-    return behind
-
-
-def read_csv_pairs(root: Path) -> pa.Table:
-    """The PAIR columns of every CSV result file under `root`."""
-    options = pacsv.ReadOptions(column_names=list(PAIR))
-    parts = [pacsv.read_csv(f, read_options=options) for f in sorted(root.rglob("*"))
-             if f.is_file() and not f.name.startswith(".") and f.stat().st_size]
-    return pa.concat_tables(parts).cast(_PAIR_SCHEMA) if parts else _PAIR_SCHEMA.empty_table()

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from streamjoin.bench import ours
 from streamjoin.bench.env import BenchEnv
+from streamjoin.bench.inputs import oracle_inputs
 from streamjoin.schemas.join_keys import key_text
 from streamjoin.services.io import kafka
 from streamjoin.services.spark.asof_oracle import expected_asof_join
@@ -174,15 +175,8 @@ def expected_pairs(spark: SparkSession, job: JobSettings, tables: dict[str, pa.T
     (a left join's unmatched order with ABSENT table refs), and how many orders it left
     undecided: those at or past their group's final table watermark (its newest row's time
     minus the lateness; a group is its partition, the inputs being co-partitioned)."""
-
-    def side(name: str) -> DataFrame:
-        spec, t = spec_of(job, name), tables[name]
-        return spark.createDataFrame(pa.table({
-            "partition": t["partition"].cast(pa.int32()), "offset": t["offset"].cast(pa.int64()),
-            "key": t[spec.key_fields[0]], "ts": t[spec.time_field].cast(pa.int64()),
-            "group": t["partition"].cast(pa.int32())}))
-
-    stream, table = side(STREAM), side(TABLE)
+    sides = oracle_inputs(spark, job, tables)
+    stream, table = sides[STREAM], sides[TABLE]
     watermarks = table.groupBy("group").agg((F.max("ts") - job.join.allowed_lateness_ms).alias("watermark"))
     undecided = (stream.join(watermarks, "group", "left_outer")
                  .filter(F.col("watermark").isNull() | (F.col("ts") >= F.col("watermark"))).count())

@@ -31,7 +31,6 @@ writes a micro-batch of event time after it ends).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,14 +62,7 @@ class LeftPlan:
 def run_live(env: BenchEnv, job: JobSettings, plan: LeftPlan) -> dict:
     """The left-join fleet on fresh input at `plan.rate` for `plan.seconds`; Spark `verify`'s
     report (exact, unmatched rows and their delay past the deadline) and when the run began."""
-    from streamjoin.services.spark.sources import run_sources
-    fleet, _ = ours.start_fleet(env, job, 1)
-    began_ms = int(time.time() * 1000)
-    produced = run_sources(job, env.cluster, seconds=plan.seconds, rate=plan.rate)
-    restarts, verdict = ours.drained_and_verified(env, job, fleet, plan.seconds, "the left-join run")
-    return {"job": job.job, "workers": 1, "inputs": sum(produced["records"].values()),
-            "rate_per_stream": float(np.mean(list(produced["rate"].values()))), "began_ms": began_ms,
-            "restarts": restarts, "verify": {k: verdict.get(k) for k in (*ours.VERIFY_KEYS, *OUTER_KEYS)}}
+    return ours.run_live(env, job, 1, plan.rate, plan.seconds, "the left-join run", OUTER_KEYS)
 
 
 def run_replays(env: BenchEnv, job: JobSettings, live: dict) -> dict:

@@ -11,8 +11,10 @@ produced_ms minus the timestamp of the result's newest input), so each step
 gets exact percentiles, assigned by the arrival of the result's newest
 input. The verifier's overall percentiles cross-check them.
 
-Live. `fleet_delays` reads the workers' own delay histograms (Prometheus),
-for runs that only need counts, means and shares under a bucket edge.
+Live. `run_live` joins one rate of fresh input as it is written, checked by
+Spark `verify` (exact, and every result's production delay). `fleet_delays`
+reads the workers' own delay histograms (Prometheus), for runs that only need
+counts, means and shares under a bucket edge.
 
 Replay. A second job reads the same input topics from offset 0 with a fresh
 fleet: a backlog, so the committed offsets climb as fast as the workers can
@@ -181,6 +183,48 @@ def drained_and_verified(env: BenchEnv, job: JobSettings, fleet: Fleet, seconds:
     fleet.stop_all()
     with env.phase(f"Spark verify of {what}"):
         return restarts, run_verify(job, env.cluster)
+
+
+def run_live(env: BenchEnv, job: JobSettings, workers: int, rate: float, seconds: float, what: str,
+             keys: Sequence[str] = ()) -> dict:
+    """A fleet of `workers` on fresh input that Spark `sources` writes at `rate` tuples/s per
+    stream for `seconds`, event time the wall clock; Spark `verify`'s report on the output
+    (VERIFY_KEYS and `keys`), and when the run began. `what`: the run, for the progress lines."""
+    from streamjoin.services.spark.sources import run_sources
+
+    fleet, ids = start_fleet(env, job, workers, wait=False)
+    env.spark  # Spark's JVM starts (seconds) while the fleet's processes do
+    fleet.wait_assigned(ids)
+    began_ms = int(time.time() * 1000)
+    produced = run_sources(job, env.cluster, seconds=seconds, rate=rate)
+    restarts, verdict = drained_and_verified(env, job, fleet, seconds, what)
+    return {"job": job.job, "workers": workers, "inputs": sum(produced["records"].values()),
+            "rate_per_stream": float(np.mean(list(produced["rate"].values()))), "began_ms": began_ms,
+            "restarts": restarts, "verify": {k: verdict.get(k) for k in (*VERIFY_KEYS, *keys)}}
+
+
+def live_then_replays(env: BenchEnv, job: JobSettings, workers: Sequence[int], rate: float, seconds: float,
+                      live_run: Callable[[], dict]) -> tuple[dict, dict[int, dict]]:
+    """`live_run()`: the live run's report (a fleet of `workers[0]` on input written at `rate`
+    tuples/s per stream for `seconds`); then `job`'s input replayed as a backlog by a fresh
+    fleet of each count in `workers` (run_replay), by count."""
+    with env.phase(f"our live run: {workers[0]} worker(s), {rate:.0f} tuples/s per stream for {seconds:.0f}s"):
+        live = live_run()
+    replays = {}
+    for k in workers:
+        with env.phase(f"our backlog replay with {k} worker(s)"):
+            replays[k] = run_replay(env, job, k)
+    return live, replays
+
+
+def figures(live: dict, replays: dict[int, dict]) -> tuple[dict, bool]:
+    """A report's `ours` from `live_then_replays`: throughput by worker count, the live run's
+    production delay, both runs; and whether all was exact (the live run verified, every
+    replay identical to it)."""
+    exact = bool(live["verify"]["verified"] and all(r["identical_to_verified_run"] for r in replays.values()))
+    return {"throughput_tuples_per_s": {str(k): r["tuples_per_s"] for k, r in replays.items()},
+            "delay_ms": live["verify"]["delay_ms"], "live": live,
+            "replays": {str(k): r for k, r in replays.items()}}, exact
 
 
 def fleet_job(job: JobSettings, env: BenchEnv, name: str, workers: int) -> JobSettings:

@@ -14,7 +14,7 @@ import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -174,12 +174,56 @@ def ratio(ours: float | None, peer: float | None, figure: str, unit: str) -> dic
     return {"figure": figure, "unit": unit, "ours": ours, "peer": peer, "ratio": value}
 
 
+def judged_report(workload: str, parameters: dict, ours: tuple[dict, bool], oracle: dict, peers: dict,
+                  plot: Callable[[dict, Path], None], plot_path: Path | None) -> dict:
+    """The report of a workload whose peers are judged against an oracle: `ours` as ours.figures
+    gives it (our figures, whether exact), the oracle's summary, the peers and the throughput
+    ratios; with `plot_path`, `plot(report, plot_path)` draws it there and the report says so."""
+    figures, exact = ours
+    result = {"workload": workload, "exact": exact, "parameters": parameters, "ours": figures, "oracle": oracle,
+              "peers": peers, "ratios": throughput_ratios(figures["throughput_tuples_per_s"], peers)}
+    if plot_path is not None:
+        plot(result, plot_path)
+        result["plot"] = str(plot_path)
+    return result
+
+
+def throughput_ratios(throughput: dict[str, float | None], peers: dict[str, dict]) -> dict:
+    """`throughput_{k}w_vs_{peer}`: our backlog tuples/s with k workers over each peer's that ran."""
+    return {f"throughput_{k}w_vs_{name}": ratio(tps, peer["tuples_per_s"], "backlog throughput", "tuples/s")
+            for k, tps in throughput.items() for name, peer in peers.items() if peer["ran"]}
+
+
 # ---------------------------------------------------------------- output
 
 
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def plot_throughput_bars(result: dict, verdict: Callable[[dict], str], title: str, path: Path) -> None:
+    """Backlog throughput bars of a report with `exact`, `ours.throughput_tuples_per_s` (a bar per
+    worker count) and `peers`: a bar per peer that ran, labelled `verdict(peer)` unless exact."""
+    ours = "exact" if result["exact"] else "NOT exact"
+    bars = [(f"streamjoin, {k} worker(s)\n{ours}", tps) for k, tps in result["ours"]["throughput_tuples_per_s"].items()]
+    bars += [(f"{name}\n{'exact' if peer['exact'] else verdict(peer)}", peer["tuples_per_s"])
+             for name, peer in result["peers"].items() if peer["ran"]]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2 + 1.6 * len(bars), 4.5))
+    ax.bar(range(len(bars)), [v or 0 for _, v in bars], color=[f"C{i}" for i in range(len(bars))])
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
+    ax.set_ylabel("backlog throughput (tuples/s)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _distinct(values: Sequence[float], apart: float = 0.05) -> list[float]:

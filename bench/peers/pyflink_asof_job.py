@@ -22,31 +22,18 @@ import sys
 import time
 from pathlib import Path
 
-from pyflink_job import run
+from pyflink_job import run, sink, source
 
 ABSENT = -1
-
-
-def _source(t_env, side: dict, data_key: str, primary_key: str | None = None) -> None:  # type: ignore[no-untyped-def]
-    """A CSV file source of one side: its columns, event time t with the lateness as watermark,
-    and for the table its key as PRIMARY KEY (a versioned table)."""
-    cols = ", ".join(f"`{name}` {sql_type}" for name, sql_type in side["columns"])
-    key = f", PRIMARY KEY (`{primary_key}`) NOT ENFORCED" if primary_key else ""
-    t_env.execute_sql(f"DROP TABLE IF EXISTS {side['name']}")
-    t_env.execute_sql(
-        f"CREATE TABLE {side['name']} ({cols}, t AS TO_TIMESTAMP_LTZ(`{side['time_field']}`, 3), "
-        f"WATERMARK FOR t AS t - {side['lateness']}{key}) "
-        f"WITH ('connector' = 'filesystem', 'path' = '{side[data_key]}', 'format' = 'csv')")
 
 
 def _join(t_env, spec: dict, data_key: str, out: Path) -> float:  # type: ignore[no-untyped-def]
     """Runs the temporal join into CSV files under `out`; returns its wall seconds."""
     stream, table, key = spec["stream"], spec["table"], spec["key"]
-    _source(t_env, stream, data_key)
-    _source(t_env, table, data_key, primary_key=key)
-    t_env.execute_sql("DROP TABLE IF EXISTS sink")
-    t_env.execute_sql("CREATE TABLE sink (stream_partition INT, stream_offset BIGINT, table_partition INT, "
-                      f"table_offset BIGINT) WITH ('connector' = 'filesystem', 'path' = '{out}', 'format' = 'csv')")
+    source(t_env, stream, data_key)
+    source(t_env, table, data_key, primary_key=key)
+    sink(t_env, [["stream_partition", "INT"], ["stream_offset", "BIGINT"], ["table_partition", "INT"],
+                 ["table_offset", "BIGINT"]], out)
     join = "LEFT JOIN" if spec["how"] == "left" else "JOIN"
     began = time.perf_counter()
     t_env.execute_sql(

@@ -1,6 +1,7 @@
 """PyFlink interval join, run by `pyflink_peer` under PyFlink's own Python
 (PyFlink's pins clash with this project's, so it lives in a separate venv and
-this file imports nothing from the project).
+this file imports nothing from the project). Its runner, sources and sink
+serve the as-of and window jobs beside it too.
 
 Usage: python pyflink_job.py SPEC.json; prints one JSON line: the seconds
 the join took on the real input, on an empty input of the same shape (the
@@ -17,23 +18,32 @@ from pathlib import Path
 from typing import Callable
 
 
-def _tables(t_env, streams: list[dict], data_key: str) -> None:  # type: ignore[no-untyped-def]
-    for s in streams:
-        cols = ", ".join(f"`{name}` {sql_type}" for name, sql_type in s["columns"])
-        t_env.execute_sql(f"DROP TABLE IF EXISTS {s['name']}")
-        t_env.execute_sql(
-            f"CREATE TABLE {s['name']} ({cols}, t AS TO_TIMESTAMP_LTZ(`{s['time_field']}`, 3), "
-            f"WATERMARK FOR t AS t - {s['lateness']}) "
-            f"WITH ('connector' = 'filesystem', 'path' = '{s[data_key]}', 'format' = 'csv')")
+def source(t_env, side: dict, data_key: str, primary_key: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """A CSV file source of one side (pyflink_peer.write_sides' entry): its columns, event time
+    t with the lateness as watermark and, given `primary_key`, that key as PRIMARY KEY (which
+    makes it a versioned table)."""
+    cols = ", ".join(f"`{name}` {sql_type}" for name, sql_type in side["columns"])
+    key = f", PRIMARY KEY (`{primary_key}`) NOT ENFORCED" if primary_key else ""
+    t_env.execute_sql(f"DROP TABLE IF EXISTS {side['name']}")
+    t_env.execute_sql(
+        f"CREATE TABLE {side['name']} ({cols}, t AS TO_TIMESTAMP_LTZ(`{side['time_field']}`, 3), "
+        f"WATERMARK FOR t AS t - {side['lateness']}{key}) "
+        f"WITH ('connector' = 'filesystem', 'path' = '{side[data_key]}', 'format' = 'csv')")
+
+
+def sink(t_env, columns: list[list[str]], out: Path) -> None:  # type: ignore[no-untyped-def]
+    """The CSV file sink `sink` under `out`, with `columns` ([name, SQL type] each)."""
+    cols = ", ".join(f"`{name}` {sql_type}" for name, sql_type in columns)
+    t_env.execute_sql("DROP TABLE IF EXISTS sink")
+    t_env.execute_sql(f"CREATE TABLE sink ({cols}) WITH ('connector' = 'filesystem', 'path' = '{out}', "
+                      "'format' = 'csv')")
 
 
 def _join(t_env, spec: dict, data_key: str, out: Path) -> float:  # type: ignore[no-untyped-def]
     """Runs the join into CSV files under `out`; returns its wall seconds."""
-    _tables(t_env, spec["streams"], data_key)
-    sink_cols = ", ".join(f"`{name}` {sql_type}" for name, sql_type in spec["sink_columns"])
-    t_env.execute_sql("DROP TABLE IF EXISTS sink")
-    t_env.execute_sql(f"CREATE TABLE sink ({sink_cols}) WITH ('connector' = 'filesystem', 'path' = '{out}', "
-                      "'format' = 'csv')")
+    for side in spec["streams"]:
+        source(t_env, side, data_key)
+    sink(t_env, spec["sink_columns"], out)
     began = time.perf_counter()
     t_env.execute_sql(f"INSERT INTO sink SELECT {spec['select']} FROM {spec['from']} WHERE {spec['where']}").wait()
     return time.perf_counter() - began

@@ -15,6 +15,12 @@ t + W, as ours). The output keeps every column of every input (ours carries
 the payload into its results too) and is collected into the driver as Arrow
 by `foreachBatch`.
 
+A tumbling or hopping window join (the job's window_instance) is Spark's
+windowed stream-stream join instead: each stream gets Spark's `window()` of
+its event time (in the event time's place, watermark and all), and the join
+condition is the workload's predicate AND equal windows. Spark's inner join
+emits those eagerly too; the watermark bounds the state by the window's end.
+
 Two runs:
   backlog  every file written up front, `files_per_trigger` files per stream
            per micro-batch: sustained tuples/s (the count must equal the
@@ -49,6 +55,7 @@ from streamjoin.bench.report import delay_stats, overloaded, sustained_rate
 from streamjoin.settings import JobSettings
 
 RELEASED, STEP, EVENT_TIME = "released_ms", "step", "event_time"
+WINDOW = "window"  # a window join's instance: Spark's window() of the event time, a struct (start, end)
 
 # The workload's predicate over the prefixed streams: names -> Column.
 Predicate = Callable[[Sequence[str]], Column]
@@ -73,6 +80,11 @@ def window_condition(names: Sequence[str], windows_ms: Sequence[int]) -> Column:
     terms = [col(b, EVENT_TIME) < col(a, EVENT_TIME) + F.expr(f"INTERVAL {w / 1000} SECONDS")
              for a, w in zip(names, windows_ms) for b in names if b != a]
     return reduce(Column.__and__, terms)
+
+
+def instance_condition(names: Sequence[str]) -> Column:
+    """Consecutive streams in one window instance (equal is transitive): a window join's rule."""
+    return reduce(Column.__and__, [col(a, WINDOW) == col(b, WINDOW) for a, b in zip(names, names[1:])])
 
 
 # ---------------------------------------------------------------- files
@@ -156,7 +168,7 @@ class Sink:
 
 
 def _stream(spark: SparkSession, path: Path, schema: pa.Schema, name: str, time_field: str, lateness_ms: int,
-            files_per_trigger: int | None) -> DataFrame:
+            files_per_trigger: int | None, instance: tuple[int, int] | None) -> DataFrame:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     reader = spark.readStream.schema(from_arrow_schema(schema))
@@ -164,25 +176,35 @@ def _stream(spark: SparkSession, path: Path, schema: pa.Schema, name: str, time_
         reader = reader.option("maxFilesPerTrigger", files_per_trigger)
     df = reader.parquet(str(path))
     df = df.select(*[F.col(c).alias(f"{name}_{c}") for c in df.columns])
-    return (df.withColumn(f"{name}_{EVENT_TIME}", F.timestamp_millis(col(name, time_field)))
-            .withWatermark(f"{name}_{EVENT_TIME}", f"{lateness_ms} milliseconds"))
+    df = (df.withColumn(f"{name}_{EVENT_TIME}", F.timestamp_millis(col(name, time_field)))
+          .withWatermark(f"{name}_{EVENT_TIME}", f"{lateness_ms} milliseconds"))
+    if instance is None:
+        return df
+    size, slide = instance
+    # The window carries the watermark on; Spark allows one event-time column per stream.
+    return df.withColumn(f"{name}_{WINDOW}", F.window(col(name, EVENT_TIME), f"{size} milliseconds",
+                                                      f"{slide} milliseconds")).drop(f"{name}_{EVENT_TIME}")
 
 
 def start_join(spark: SparkSession, job: JobSettings, dirs: dict[str, Path], schemas: dict[str, pa.Schema],
                predicate: Predicate, sink: Sink, checkpoint: Path, files_per_trigger: int | None,
                how: str = "inner") -> StreamingQuery:
     """The streaming join of the files under `dirs`, each batch into `sink`; `how`: Spark's join
-    type (inner, or left_outer: a time-interval outer join, which the watermarks make possible)."""
+    type (inner, or left_outer: a time-interval outer join, which the watermarks make possible).
+    A job with window instances joins on `window()` (the module docstring)."""
     names = [s.name for s in job.streams]
+    instance = job.window_instance
     frames = [_stream(spark, dirs[s.name], schemas[s.name], s.name, s.time_field, job.join.allowed_lateness_ms,
-                      files_per_trigger) for s in job.streams]
+                      files_per_trigger, instance) for s in job.streams]
     windows = [s.window.range_ms for s in job.streams]
-    if any(w is None for w in windows):
+    if instance is None and any(w is None for w in windows):
         raise ValueError("the Spark peer joins time windows only (Spark has no count-window stream join)")
     joined = frames[0]
     for j in range(1, len(frames)):
         # Each join gets the conditions among the streams it brings together, so Spark can expire its state.
-        cond = predicate(names[:j + 1]) & window_condition(names[:j + 1], windows[:j + 1])
+        time_rule = (instance_condition(names[:j + 1]) if instance is not None
+                     else window_condition(names[:j + 1], windows[:j + 1]))
+        cond = predicate(names[:j + 1]) & time_rule
         joined = joined.join(frames[j], cond, how)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
     return joined.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start()

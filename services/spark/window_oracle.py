@@ -70,7 +70,7 @@ def _inner(sides: list[DataFrame]) -> DataFrame:
 
 
 def expected_window_join(inputs: Sequence[DataFrame], size_ms: int, slide_ms: int, join_type: str,
-                         watermarks: DataFrame) -> DataFrame:
+                         watermarks: DataFrame | None) -> DataFrame:
     """Every result of a tumbling (slide == size) or hopping window join, as p0, o0, ...,
     event_time and window_start; an absent member's p and o are ABSENT.
 
@@ -78,8 +78,8 @@ def expected_window_join(inputs: Sequence[DataFrame], size_ms: int, slide_ms: in
     comparable type), ts long, group int (as expected_join takes them); `join_type` inner
     (any number of streams) or left, right, full, semi, anti (two); `watermarks`: group,
     watermark, each group's final watermark (final_watermarks; inner reads none, its
-    combinations are final at once). Contract: engine/reference.py reference_window_join."""
-    assert join_type == "inner" or (join_type in _SPARK_JOIN and len(inputs) == 2)
+    combinations are final at once, so it may be None). Contract: engine/reference.py reference_window_join."""
+    assert join_type == "inner" or (join_type in _SPARK_JOIN and len(inputs) == 2 and watermarks is not None)
     assert 0 < slide_ms <= size_ms
     if join_type == "inner":
         return _inner([_side(t, size_ms, slide_ms, i, None) for i, t in enumerate(inputs)])

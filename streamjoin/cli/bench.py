@@ -25,7 +25,8 @@ def bench(
              "asof (orders joined with the customer row valid at their time, beside Quix Streams and PyFlink) | "
              "nexmark (Nexmark's join queries q3, q8 and q20 beside PyFlink and Spark, and Flink's published "
              "figures) | "
-             "skew (a hot key split over workers against the same job unsplit, beside Spark and PyFlink)")],
+             "skew (a hot key split over workers against the same job unsplit, beside Spark and PyFlink) | "
+             "window (a tumbling-window join beside Spark's windowed stream-stream join and PyFlink's window join)")],
     quick: Annotated[bool, typer.Option("--quick", help="small enough for CI (a minute or two)")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write the curve PNG here")] = None,
