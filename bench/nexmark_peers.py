@@ -30,7 +30,6 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streamjoin.bench.asof_peers import in_event_time_order
 from streamjoin.bench.nexmark_model import AUCTION, BID, PERSON, TIME_FIELD
 from streamjoin.bench.nexmark_queries import STREAMS, judge, result_keys
 from streamjoin.bench.peers import pyflink_peer
@@ -73,7 +72,7 @@ def run_pyflink(tables: dict[str, pa.Table], workdir: Path, queries: tuple[str, 
     root = workdir / "pyflink-nexmark"
     spec_tables = {}
     for kind, view in VIEWS.items():
-        table = in_event_time_order(tables[kind], TIME_FIELD)
+        table = pyflink_peer.in_event_time_order(tables[kind], TIME_FIELD)
         pyflink_peer._write_csv(table, root / "in" / view, parallelism)
         pyflink_peer._write_csv(table.slice(0, 0), root / "empty" / view, parallelism)
         spec_tables[view] = {"columns": [[f.name, pyflink_peer._SQL_TYPES[f.type]] for f in table.schema],
