@@ -27,10 +27,10 @@ from streamjoin.settings import JobSettings, WindowSpec, load
 # is hot once `hot_key_min_tuples` (the plan's) of its tuples were seen; it cools below 4%. The
 # unsplit runs keep the same thresholds (they detect and report the key, and leave it whole).
 DETECTION = {"hot_key_share": 0.08, "hot_key_cool_share": 0.04, "reorg_epoch_ms": 1000}
-# A batch's hot-key tuples are probed against all of that key's state and batch before the
-# window prunes them (engine/window_join.py's probe_all), so a worker's memory grows with the
-# square of a hot key's tuples in one batch: a backlog batch of the default 200,000 records took
-# workers past 4 GB on a 40,000-tuple backlog here. Both runs take batches of at most this many.
+# A batch's results hold every pair of its hot-key tuples with their partners in the window, so a
+# backlog read in the default 200,000-record batches makes result blocks of millions of rows for the
+# hot key's group at once (memory and one long transaction); smaller batches keep the runs'
+# workers and delays comparable. Both runs take batches of at most this many.
 MAX_BATCH_RECORDS = 5000
 
 

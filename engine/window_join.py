@@ -34,6 +34,10 @@ from streamjoin.engine.probe import TimeIndex, expand_ranges, key_ranges, sort_b
 from streamjoin.engine.result_ids import result_head
 from streamjoin.engine.runs import SortedRuns
 
+# A probe's key runs are narrowed to the times a combination allows once they hold more than
+# this many candidates per tuple probed and held (_partner_ranges).
+_NARROW_AFTER = 4
+
 
 @dataclass(frozen=True)
 class StreamPlan:
@@ -272,7 +276,7 @@ def probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np.
         if j == start:
             continue
         other = sources[j]
-        lo, hi = key_ranges(other[KEY], keys)
+        lo, hi = _partner_ranges(plan, other, start, j, keys, sources[start][TS][combos[start]])
         owner, pos = expand_ranges(lo, hi)
         combos = {s: idx[owner] for s, idx in combos.items()}
         combos[j] = pos
@@ -285,6 +289,30 @@ def probe_all(plan: JoinPlan, sources: list[Block], start: int) -> dict[int, np.
         combos = {s: idx[keep] for s, idx in combos.items()}
         keys, t_max = keys[keep], t_max[keep]
     return combos
+
+
+def _partner_ranges(plan: JoinPlan, other: Block, start: int, j: int, keys: np.ndarray,
+                    t_start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi) in `other` (stream j, sorted by (key, ts, off)) of each probe's candidate
+    partners: its key's run, narrowed to the event times a valid combination allows when that
+    run is long. Any combination holding the start tuple (time t) and a tuple of stream j (time
+    u) has t - W_j < u < t + W_start (T, the newest time, is at least both), so tuples outside
+    that band are never a result.
+
+    Narrowing costs an index of `other` (a sort of its keys' ranks), so it is done only when the
+    key runs hold many more tuples than the band can: a hot key whose run spans far more than a
+    window, as in a backlog read in large batches, where the key runs' product would otherwise
+    grow with the square of the key's tuples in the batch, not with its results."""
+    lo, hi = key_ranges(other[KEY], keys)
+    if len(other) < 2 or int((hi - lo).sum()) <= _NARROW_AFTER * (len(other) + len(keys)):
+        return lo, hi
+    ts = other[TS]
+    try:
+        index = TimeIndex(other[KEY], ts, int(ts.min()), int(ts.max()))
+    except OverflowError:  # too many keys times too long a span to pack: the key runs whole
+        return lo, hi
+    return index.between(keys, t_start - plan.streams[j].range_ms + 1,  # type: ignore[operator]
+                         t_start + plan.streams[start].range_ms - 1)  # type: ignore[operator]
 
 
 # ---------------------------------------------------------- on watermark (ROWS)

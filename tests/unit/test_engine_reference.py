@@ -8,8 +8,11 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamjoin.engine.block import KEY, TS
+from streamjoin.engine.probe import sort_by_key_time
 from streamjoin.engine.reference import RefWindow, reference_join
-from tests.unit.engine_harness import Arrival, reference_streams, run
+from streamjoin.engine.window_join import _partner_ranges
+from tests.unit.engine_harness import Arrival, _block, plan_for, reference_streams, run
 from tests.profiles import examples
 
 
@@ -81,3 +84,21 @@ def test_late_tuple_goes_to_dead_letter_not_join() -> None:
     assert wm == 990
     assert late == {("t0", 0, 1)}
     assert emitted == [(("t0", 0, 0), ("t1", 0, 0))]
+
+
+def test_a_hot_key_read_in_one_batch_probes_only_the_times_its_windows_allow() -> None:
+    """A backlog of one key spanning a hundred windows, read in one batch: the results are the
+    reference's, and the probe's candidates are the pairs within the time band a combination
+    allows, not the key runs' product (which grows with the square of the key's tuples)."""
+    windows = [RefWindow(range_ms=1_000), RefWindow(range_ms=500)]
+    arrivals = [Arrival(i % 2, 7, (i // 2) * 170, i // 2) for i in range(1_200)]
+    emitted, late, wm = run(windows, 0, arrivals, [])
+    assert not late and len(emitted) == len(set(emitted))
+    assert set(emitted) == reference_join(reference_streams(arrivals, 2, late), windows, None)
+
+    plan = plan_for(windows, 0)
+    probes = sort_by_key_time(_block([a for a in arrivals if a.stream == 0]))
+    others = sort_by_key_time(_block([a for a in arrivals if a.stream == 1]))
+    lo, hi = _partner_ranges(plan, others, 0, 1, probes[KEY], probes[TS])
+    # 600 x 600 tuples share the key; each probe's band (-500, +1000) ms holds at most 9 of them.
+    assert int((hi - lo).sum()) <= 9 * len(probes) < 600 * 600 // 10
