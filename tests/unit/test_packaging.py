@@ -14,6 +14,7 @@ which also holds the process's one hard exit.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -36,14 +37,21 @@ MODES = {"hash", "ring", "splitjoin", "queries", "coordinator", "spark"}
 TRANSACTIONS = "streamjoin.services.io.transactions"
 
 
+@functools.cache
 def tracked_python_files() -> list[Path]:
     out = subprocess.run(["git", "-C", str(REPO), "ls-files", "*.py"], capture_output=True, text=True, check=True)
     return [REPO / line for line in out.stdout.split()]
 
 
+@functools.cache
+def syntax_tree(path: Path) -> ast.Module:
+    """A tracked file parsed once for all the module's checks."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def imported_modules(path: Path) -> list[tuple[int, str]]:
     """(line, module) of every absolute import in a file, function-level ones included."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = syntax_tree(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -115,7 +123,7 @@ def calls_outside_tests(method: str) -> set[str]:
         own = module_name(path)
         if own is None:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(syntax_tree(path)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method:
                 found.add(own)
     return found
@@ -129,7 +137,7 @@ def test_transactions_are_initialised_and_committed_in_one_module() -> None:
 def test_the_process_exits_hard_in_one_place() -> None:
     exits = calls_outside_tests("_exit")
     imported = {module_name(path) for path in tracked_python_files() if module_name(path)
-                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+                for node in ast.walk(syntax_tree(path)) if isinstance(node, ast.ImportFrom)
                 and node.module == "os" and any(alias.name == "_exit" for alias in node.names)}
     assert exits == {TRANSACTIONS} and not imported
 
@@ -141,23 +149,24 @@ def test_every_package_folder_is_listed_for_the_wheel() -> None:
     assert on_disk == listed, f"on disk, not listed: {on_disk - listed}; listed, not on disk: {listed - on_disk}"
 
 
-def build_wheel(tmp_path: Path) -> zipfile.ZipFile:
-    """The project's wheel, built from a copy of the tracked tree as a clone has it (the build
-    writes build/ there)."""
-    source = tmp_path / "src"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    """The project's wheel, built once for the module's checks from a copy of the tracked tree
+    as a clone has it (the build writes build/ there): a build costs tens of seconds."""
+    out = tmp_path_factory.mktemp("wheel")
+    source = out / "src"
     for path in subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True,
                                check=True).stdout.split():
         if (REPO / path).is_file():
             (source / path).parent.mkdir(parents=True, exist_ok=True)
             (source / path).write_bytes((REPO / path).read_bytes())
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
                    check=True, capture_output=True)
-    return zipfile.ZipFile(next(tmp_path.glob("streamjoin-*.whl")))
+    return zipfile.ZipFile(next(out.glob("streamjoin-*.whl")))
 
 
 @pytest.mark.timeout(300)
-def test_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
-    wheel = build_wheel(tmp_path)
+def test_wheel_holds_one_top_level_package(wheel: zipfile.ZipFile) -> None:
     names = wheel.namelist()
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert wheel.read(top_level).decode().split() == ["streamjoin"]
@@ -174,8 +183,7 @@ EXTRA_ONLY = {"pyspark": "spark", "matplotlib": "spark", "psutil": "bench", "mkd
 
 @pytest.mark.integration  # a wheel build: tens of seconds
 @pytest.mark.timeout(300)
-def test_wheel_requires_the_extras_only_for_spark_bench_and_docs(tmp_path: Path) -> None:
-    wheel = build_wheel(tmp_path)
+def test_wheel_requires_the_extras_only_for_spark_bench_and_docs(wheel: zipfile.ZipFile) -> None:
     metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     required = [line.removeprefix("Requires-Dist:").strip() for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:")]
