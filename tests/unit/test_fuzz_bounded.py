@@ -16,7 +16,7 @@ from tests.profiles import SCALE
 atheris = pytest.importorskip("atheris")
 
 ROOT = Path(__file__).resolve().parents[2]
-FUZZ_SECONDS = 4 * SCALE  # per target: 4 s under the `ci` profile (the six in 35 s with start-up), 40 s `deep`
+FUZZ_SECONDS = 2 * SCALE  # per target: 2 s under the `ci` profile (the six in about 25 s with start-up), 20 s `deep`
 
 
 @pytest.mark.fuzz

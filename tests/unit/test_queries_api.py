@@ -387,7 +387,7 @@ def test_openapi_documents_the_error_bodies(http: TestClient) -> None:
 
 
 def test_fuzz_against_the_openapi_document() -> None:
-    statuses = fuzz_app(create_app(FakeQueryService()), max_examples=examples(50))
+    statuses = fuzz_app(create_app(FakeQueryService()), max_examples=examples(25))
     seen = {status for (label, status) in statuses if label == "POST /queries"}
     assert {201, 422} <= seen, statuses  # the run got past validation and was refused too
     assert any(label == "GET /queries/{query_id}" and status == 404 for label, status in statuses)

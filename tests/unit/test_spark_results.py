@@ -88,7 +88,7 @@ def jobs_and_results(draw, output: str) -> tuple[JobSettings, list[Result]]:
 
 @pytest.mark.parametrize("output", FORMATS)
 # Every example is a Spark job: no shrinking (minutes of them); a failure shows its example as drawn.
-@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(data=st.data())
 def test_results_decode_to_the_refs_they_were_written_from(spark, output: str, data: st.DataObject) -> None:
