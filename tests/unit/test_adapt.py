@@ -297,14 +297,14 @@ def check_memory(p: Plan, observations: list[WorkerObservation], settings: Coord
         assert short <= 0 or all(b >= 2 * short for b in left), "a group that would get closer to half the gap stayed"
 
 
-@hsettings(max_examples=examples(400), deadline=None)
+@hsettings(max_examples=examples(200), deadline=None)
 @given(epochs())
 def test_every_plan_keeps_the_rules(epoch: tuple[list[WorkerObservation], CoordinatorSpec, History, int]) -> None:
     observations, settings, history, seed = epoch
     check_plan(plan_epoch(observations, settings, NOW, history, random.Random(seed)), observations, settings, history)
 
 
-@hsettings(max_examples=examples(100), deadline=None)
+@hsettings(max_examples=examples(50), deadline=None)
 @given(st.lists(epochs(), min_size=2, max_size=8), st.lists(st.integers(1_000, 60_000), min_size=8, max_size=8))
 def test_cool_downs_hold_over_a_run_of_epochs(runs: list, gaps: list[int]) -> None:
     """Consecutive epochs (each one's migrations done before the next): scale changes are at
@@ -537,7 +537,7 @@ def strip_spill(o: WorkerObservation) -> WorkerObservation:
     return WorkerObservation(o.worker, o.alive, o.role, o.backlog_samples, o.group_bytes)
 
 
-@hsettings(max_examples=examples(400), deadline=None)
+@hsettings(max_examples=examples(200), deadline=None)
 @given(disk_epochs() | rate_epochs())
 def test_disk_adaptation_keeps_its_restrictions(epoch: tuple) -> None:
     """Under lazy-disk and active-disk no policy move takes a group with generations on disk; a

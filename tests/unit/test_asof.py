@@ -107,7 +107,7 @@ def expected(scenario: dict, state: AsOfState, p: AsOfPlan) -> set:
     return reference_asof_join(stream, versions, p.join_type, CUSTOMERS, state.watermarks(p)[1])
 
 
-@hsettings(max_examples=examples(300), deadline=None)
+@hsettings(max_examples=examples(150), deadline=None)
 @given(scenario=scenarios())
 def test_the_engine_joins_what_the_reference_joins(scenario: dict) -> None:
     results, state, p = run(scenario)

@@ -70,7 +70,7 @@ def run_stored(scenario: dict, path: Path) -> tuple[Block, object]:
     return concat(out), final
 
 
-@hsettings(max_examples=examples(150), deadline=None)
+@hsettings(max_examples=examples(75), deadline=None)
 @given(scenario=scenarios(), compact=st.sampled_from([None, 0, 1]))
 def test_stored_state_joins_what_the_reference_joins(tmp_path_factory: pytest.TempPathFactory, scenario: dict,
                                                      compact: int | None) -> None:

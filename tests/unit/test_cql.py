@@ -350,7 +350,7 @@ def _respell(text: str, chance: random.Random) -> str:
 
 
 @given(queries())
-@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_random_query_reads_back_from_its_text(query: Query) -> None:
     text = to_cql(query)
     assert parse(text) == query
@@ -358,7 +358,7 @@ def test_random_query_reads_back_from_its_text(query: Query) -> None:
 
 
 @given(queries(), st.randoms(use_true_random=False))
-@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_random_query_reads_back_whatever_the_keyword_case_and_whitespace(query: Query, chance: random.Random) -> None:
     assert parse(_respell(to_cql(query), chance)) == query
 
@@ -376,7 +376,7 @@ def test_any_text_raises_only_query_error(text: str) -> None:
 
 
 @given(queries(), st.lists(st.tuples(st.integers(0, 400), st.integers(0, 6), st.sampled_from(_PIECES)), max_size=4))
-@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_damaged_query_text_raises_only_query_error(query: Query, edits: list[tuple[int, int, str]]) -> None:
     """Valid text with slices cut out and pieces put in: deeper than random text gets."""
     text = to_cql(query)

@@ -56,13 +56,13 @@ def _check(windows, lateness, arrivals, cuts, *, final: bool) -> None:
     assert all(any(a.ts < wm for a in arrivals if (f"t{a.stream}", 0, a.offset) == ref) for ref in late)
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(rows=False))
 def test_time_windows_match_reference(case) -> None:
     _check(*case, final=False)
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(rows=True))
 def test_count_windows_match_reference(case) -> None:
     _check(*case, final=True)

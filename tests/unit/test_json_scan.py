@@ -66,7 +66,7 @@ def _arrow(lines_joined: bytes) -> pa.Table | None:
         return None
 
 
-@settings(max_examples=examples(600), deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(records=st.lists(lines(), min_size=1, max_size=2))
 def test_a_batch_the_scanner_reads_is_what_arrow_reads(records: list[bytes]) -> None:
     joined = b"\n".join(records)

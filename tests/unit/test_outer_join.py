@@ -51,13 +51,13 @@ def _check(windows, lateness, arrivals, cuts, join_type, flush_to) -> None:
     assert not [r for r in got if any(m[1] == -1 for m in r) and join_type != "semi" and set(r) & combined]
 
 
-@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(rows=False))
 def test_time_windows_every_join_type_matches_reference(case) -> None:
     _check(*case)
 
 
-@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(rows=True))
 def test_count_windows_every_join_type_matches_reference(case) -> None:
     _check(*case)

@@ -65,13 +65,13 @@ def check_scenario(sc: dict, crash_at: frozenset[int] = frozenset(), head_weight
     return ring
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_ring_union_equals_reference_join(sc: dict) -> None:
     check_scenario(sc)
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sets(st.integers(1, 300), min_size=1, max_size=3))
 def test_ring_crashed_at_any_step_still_equals_reference_join(sc: dict, crash_at: set[int]) -> None:
     """Whole-ring crashes at random message steps, pipelined rounds included: exact all the same."""

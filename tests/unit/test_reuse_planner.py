@@ -118,7 +118,7 @@ def _result_columns(data: dict[str, list[dict]], op, results: list[tuple]) -> di
             for name, values in columns.items()}
 
 
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(75), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_compensated_output_equals_each_query_alone(scenario) -> None:
     data, regs = scenario

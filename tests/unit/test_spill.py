@@ -111,7 +111,7 @@ class _Run:
         return reference_join(self.refs, windows)
 
 
-@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(w=workloads(), mode=st.sampled_from(["probe", "deferred"]))
 def test_spilled_output_equals_the_reference(tmp_path_factory, w: dict, mode: str) -> None:

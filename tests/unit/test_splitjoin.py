@@ -114,7 +114,7 @@ def run_core(sc: dict, plan, position: int, rng: random.Random) -> tuple[list, d
     return outputs, numbering, late
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_merged_output_is_the_reference_join_in_input_order(sc: dict) -> None:
     rng = random.Random(sc["seed"])

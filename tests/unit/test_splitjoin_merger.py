@@ -220,7 +220,7 @@ def _records(draw) -> tuple[int, bytes | None, list | None]:
     return partition, draw(_values), draw(_headers)
 
 
-@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_records(), max_size=25), st.booleans())
 def test_garbage_records_never_raise(records: list, ordered: bool) -> None:
     merger = intake(3, ordered)

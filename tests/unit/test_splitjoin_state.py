@@ -202,7 +202,7 @@ def run(sc: dict, position: int, seed: int, crashes: bool) -> Rig:
     return rig
 
 
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(75), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 1 << 30))
 def test_restore_rebuilds_the_live_core_and_a_crashed_core_finds_the_same_results(seed: int) -> None:
     rng = random.Random(seed)

@@ -189,13 +189,13 @@ def _check(case) -> None:
     assert got == expected, f"{case[5]}: missing={sorted(expected - got)[:3]} extra={sorted(got - expected)[:3]}"
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(JOIN_TYPES, hopping=False))
 def test_tumbling_window_joins_match_the_reference(case) -> None:
     _check(case)
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(JOIN_TYPES, hopping=True))
 def test_hopping_window_joins_match_the_reference(case) -> None:
     _check(case)
