@@ -20,14 +20,14 @@ from tests.integration.kafka_harness import Row, check, produce
 
 pytestmark = pytest.mark.integration
 
-PER_STREAM = 30_000
+PER_STREAM = 20_000
 GAP_MS = 5  # one tuple per stream every 5 ms of event time: 200 per second
 WINDOW_MS, LATENESS_MS, AHEAD_MS = 20_000, 1_000, 1_000
 BATCH_RECORDS = 1_000
 
 
 def one_stream_then_the_other() -> list[Row]:
-    """All of r, then all of s, over the same 150 s of event time (a little jitter)."""
+    """All of r, then all of s, over the same 100 s of event time (a little jitter)."""
     rnd = random.Random(16)
     return [Row(name, rnd.randrange(400), 10_000 + i * GAP_MS + rnd.randint(-200, 0))
             for name in "rs" for i in range(PER_STREAM)]

@@ -60,6 +60,7 @@ def _logged(fleet, message: str) -> list[dict]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.spark
+@pytest.mark.usefixtures("spark")  # `verify` runs on the session's one JVM, not a JVM of its own
 def test_a_hot_key_splits_while_data_flows_survives_a_killed_worker_and_merges_back(
         broker, fleet_for, tmp_path: Path) -> None:
     started = time.monotonic()

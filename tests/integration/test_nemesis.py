@@ -69,6 +69,7 @@ def test_a_left_join_survives_a_seeded_fault_schedule(shared_broker: embedded.Em
 
 
 @pytest.mark.spark
+@pytest.mark.usefixtures("spark")  # `verify` runs on the session's one JVM, not a JVM of its own
 def test_splitjoin_and_its_merger_survive_a_seeded_fault_schedule(shared_broker: embedded.EmbeddedBroker,
                                                                   tmp_path: Path) -> None:
     out = run_mode("splitjoin", seeded(38), seconds=12, faults=2, work=tmp_path, broker=shared_broker)
@@ -88,6 +89,7 @@ def test_continuous_queries_survive_a_seeded_fault_schedule(shared_broker: embed
 
 
 @pytest.mark.spark
+@pytest.mark.usefixtures("spark")  # `verify` runs on the session's one JVM, not a JVM of its own
 def test_a_ring_survives_a_seeded_fault_schedule(shared_broker: embedded.EmbeddedBroker, tmp_path: Path) -> None:
     out = run_mode("ring", seeded(55), seconds=12, faults=3, work=tmp_path, broker=shared_broker, rate=20)
     assert_survived(out, 1000, 3)

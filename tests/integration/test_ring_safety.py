@@ -85,7 +85,7 @@ def test_an_idle_stream_lets_groups_progress(broker: embedded.EmbeddedBroker, fl
         marks = [c.watermark for c in commits(job, broker.bootstrap) if isinstance(c, BatchCommit)]
         if marks and max(marks) >= 10_000 + 10 * 599 - 100 - 500:
             break
-        time.sleep(1.0)
+        time.sleep(0.25)
     result = check(job, broker.bootstrap)
     tuples = sum(w["state_tuples"] or 0 for w in snapshot(job, kafka.Cluster(broker.bootstrap))["workers"])
     assert max(marks) >= 10_000 + 10 * 599 - 100 - 500, marks  # far past s's newest (10_002): r moved it
