@@ -8,8 +8,8 @@ mode with `ring.nodes` fixed. Two windows, as in the paper: 15 minutes of
 event time, and 2^21 tuples per stream.
 
 Ring sizes: the plan's runs fix them (FULL: N = 1, 2 on the time window, 1 on
-the others; QUICK: 1 and 2 on a 5 s time window, 1 on a 5,000-tuple count
-window, each backlog 10 s of event time at 1,000 tuples/s per stream).
+the others; QUICK: 1 and 2 on a 2 s time window, 1 on a 2,000-tuple count
+window, each backlog 7 s of event time at 1,000 tuples/s per stream).
 `--nodes 1,2,4` runs a scaling curve instead: the plan's time window on a
 ring of each size, and the report's `scaling` gives each N's sustained
 tuples/s and its ratio to the smallest N (N=1 when listed). Each ring is its own process per node, so N above the machine's

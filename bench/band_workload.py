@@ -74,12 +74,12 @@ _TIME_HIGH = Case("time", 900_000, 3000.0, 120_000)  # near what a 2-core ring k
 _COUNT = Case("count", 1 << 21, 2600.0, 60_000)  # the paper's 5200/s in all
 FULL = Plan(runs=((_TIME, 1), (_TIME, 2), (_TIME_HIGH, 1), (_COUNT, 1)), round_cap=12_000, block_tuples=2_000,
             check_triggers=600, consume_repeats=3, reference_tuples=1_200, budget_s=900.0, sample_s=1.0)
-# Quick: small windows and short measured stretches (~20k tuples a backlog), so each ring run is
+# Quick: small windows and short measured stretches (~14k tuples a backlog), so each ring run is
 # mostly its processes' start and stop; its figures say little (the full run is the measurement).
-_QTIME = Case("time", 5_000, 1_000.0, 5_000)
-_QCOUNT = Case("count", 5_000, 1_000.0, 5_000)
+_QTIME = Case("time", 2_000, 1_000.0, 5_000)
+_QCOUNT = Case("count", 2_000, 1_000.0, 5_000)
 QUICK = Plan(runs=((_QTIME, 1), (_QTIME, 2), (_QCOUNT, 1)), round_cap=4_000, block_tuples=1_000,
-             check_triggers=1_500, consume_repeats=1, reference_tuples=150, budget_s=120.0, sample_s=0.2)
+             check_triggers=1_000, consume_repeats=1, reference_tuples=150, budget_s=120.0, sample_s=0.2)
 MAX_RING_NODES = 64  # ring.max_nodes' upper bound (settings/ring.py RingSpec)
 
 

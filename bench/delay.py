@@ -43,6 +43,12 @@ from streamjoin.topology import topics
 GOAL_P99_MS = 250.0  # the goal: p99 at 5,000 tuples/s per stream with 2 workers, on this machine
 THRESHOLD_MS = 1000.0  # the other benchmarks' "served in time"
 CYCLES_METRIC = "streamjoin_batch_seconds"  # observed once per worker cycle (one transaction)
+# A span's per-cycle figures need cycles and broker CPU to divide: a short span on a loaded machine
+# can see none (a first cycle slow to come, the broker's CPU read in 10 ms clock ticks), so it lasts
+# until it has these, however long its planned seconds.
+MIN_SPAN_CYCLES = 10
+SPAN_GRACE_S = 120.0  # past the planned seconds: a span still short of them then is reported as it is
+POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ def joined(env: BenchEnv, plan: DelayPlan, partitions: int) -> dict:
     feed = PacedInput(job, env.bootstrap, constant(plan.rate), seed=job.workload.random_state)
     feed.start()
     time.sleep(plan.warm_s)
+    wait_first_cycles(fleet, ids, SPAN_GRACE_S)  # the span measures running workers, not their start
     feed.begin_span()
     since_ms = int(time.time() * 1000)
     load = span_load(env, fleet, ids, plan.seconds)
@@ -107,12 +114,20 @@ def joined(env: BenchEnv, plan: DelayPlan, partitions: int) -> dict:
 
 
 def span_load(env: BenchEnv, fleet: Fleet, workers: list[str], seconds: float) -> dict:
-    """Waits `seconds`; the cores busy of the workers and the broker over them, the workers' cycles
-    per second and mean cycle time, and the broker's CPU per cycle."""
+    """Waits `seconds`, and on until the fleet has done MIN_SPAN_CYCLES cycles and the broker's CPU
+    has moved (SPAN_GRACE_S at most); the cores busy of the workers and the broker over the span,
+    the workers' cycles per second and mean cycle time, and the broker's CPU per cycle."""
     meter = CpuMeter(fleet, workers, env.bootstrap)
     first, cycles_before = meter.sample(0), fleet_cycles(fleet, workers)
     time.sleep(seconds)
-    last, cycles_after = meter.sample(0), fleet_cycles(fleet, workers)
+    deadline = time.monotonic() + SPAN_GRACE_S
+    while True:
+        last, cycles_after = meter.sample(0), fleet_cycles(fleet, workers)
+        enough_cycles = cycles_after[0] - cycles_before[0] >= MIN_SPAN_CYCLES
+        broker_moved = first.broker_s is None or last.broker_s is None or last.broker_s > first.broker_s
+        if enough_cycles and broker_moved or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
     span = last.t - first.t
     cycles, cycle_s = (after - before for after, before in zip(cycles_after, cycles_before))
     broker_s = None if first.broker_s is None or last.broker_s is None else last.broker_s - first.broker_s
@@ -122,6 +137,13 @@ def span_load(env: BenchEnv, fleet: Fleet, workers: list[str], seconds: float) -
             "cycles_per_s": cycles / span,
             "cycle_ms_mean": cycle_s / cycles * 1000 if cycles else None,
             "broker_cpu_ms_per_cycle": broker_s / cycles * 1000 if cycles and broker_s is not None else None}
+
+
+def wait_first_cycles(fleet: Fleet, workers: list[str], timeout_s: float) -> None:
+    """Returns once every worker has done a cycle, or after `timeout_s` (the span then shows it)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(fleet_cycles(fleet, [w])[0] for w in workers) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 def fleet_cycles(fleet: Fleet, workers: list[str]) -> tuple[float, float]:

@@ -105,7 +105,7 @@ class Setup:
 FULL = Setup(seconds=840.0, rate=50.0, flights_per_carrier=200, counts=(100, 1000), partitions=12, sample=25,
              batch_ms=2000, synthetic=10_000, warmup_s=600.0)
 QUICK = Setup(seconds=5.0, rate=160.0, flights_per_carrier=20, counts=(100,), partitions=4, sample=10, batch_ms=1000,
-              synthetic=1_000, warmup_s=0.0)
+              synthetic=200, warmup_s=0.0)
 
 
 def airline_job(setup: Setup) -> JobSettings:

@@ -84,7 +84,7 @@ class ScalePlan:
 
 FULL = ScalePlan(BacklogPlan(tuples=20_000_000, event_ms=32 * 60_000, producers=8), window_ms=600_000,
                  partitions=60, consume_repeats=3, reference=False, drain_timeout_s=3600.0)
-QUICK = ScalePlan(BacklogPlan(tuples=60_000, event_ms=30_000, producers=1, chunk_tuples=15_000), window_ms=5_000,
+QUICK = ScalePlan(BacklogPlan(tuples=20_000, event_ms=30_000, producers=1, chunk_tuples=5_000), window_ms=5_000,
                   partitions=12, consume_repeats=1, reference=True, drain_timeout_s=300.0)
 
 
