@@ -214,8 +214,10 @@ FAILOVER_CRASHES = ("coordinator:failover-stored", "w0:receiver-fenced")
 def _settle(job, bootstrap: str, fleet, crashes: tuple[str, ...],  # type: ignore[no-untyped-def]
             done, what: str) -> None:
     """Restart whatever crashed (as Kubernetes would) until every crash in `crashes` has
-    happened and `done(held)` holds for the workers' heartbeats."""
-    deadline = time.monotonic() + 150
+    happened and `done(held)` holds for the workers' heartbeats. The crashes come one after
+    another, each costing a process start and a recovery: on a loaded 2-core machine that is
+    minutes, so the wait is long (it ends as soon as the condition holds)."""
+    deadline = time.monotonic() + 300
     while True:
         fleet.supervise()
         crashed = {entry for entry in crashes if (marker_dir(job) / entry).exists()}

@@ -36,7 +36,7 @@ from streamjoin.services.coordinator.status import snapshot
 from streamjoin.settings import JobSettings
 from streamjoin.topology import topics
 from tests.integration.conftest import make_job, on_the_same_inputs
-from tests.integration.fleet_harness import wait_metric
+from tests.integration.fleet_harness import wait_metric, wait_until
 from tests.integration.kafka_harness import Row, check, produce, read_all
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -121,16 +121,25 @@ def restart_w0(job: JobSettings, bootstrap: str, fleet: Fleet) -> None:
 
 def fail_over_w1(job: JobSettings, bootstrap: str, fleet: Fleet) -> None:
     """SIGKILL w1 for good: its groups fail over to w0, which rebuilds each of them (windows and
-    matched marks) from the changelog, as its restores counter shows."""
+    matched marks) from the changelog, as its restores counter shows. Killed only once each of
+    its groups has a committed batch in the changelog: a group w1 never committed (a loaded
+    machine can keep a new worker from its first cycle for seconds) has nothing to restore,
+    and w0 would rightly count no restore for it."""
     orphans = _held(job, bootstrap)["w1"]
     assert orphans, "w1 held no group to fail over"
+    changelog = [(job.changelog_topic, g) for g in orphans]
+    wait_until("a committed batch of each of w1's groups in the changelog",
+               lambda: all(end > 0 for end in kafka.end_offsets(kafka.Cluster(bootstrap), changelog,
+                                                                f"{job.job}-probe").values()),
+               timeout=120, fleet=fleet)
     fleet.restart_workers = False
     fleet.kill("w1", signal.SIGKILL)
     deadline = time.monotonic() + 90
     while not set(orphans) <= set(_held(job, bootstrap).get("w0", [])):
         assert time.monotonic() < deadline, "w1's groups were not failed over to w0 within 90 s"
         time.sleep(0.5)
-    wait_metric(fleet.metrics_ports["w0"], "streamjoin_changelog_restores_total", len(orphans), timeout=30)
+    # w0 heartbeats the groups once their recovery (the restore among it) is done: no long wait.
+    wait_metric(fleet.metrics_ports["w0"], "streamjoin_changelog_restores_total", len(orphans), timeout=60)
 
 
 @pytest.mark.parametrize("join_type, crash", [("left", restart_w0), ("full", fail_over_w1)],

@@ -42,7 +42,8 @@ def test_sigterm_then_sigkills_mid_run_and_every_restart_stays_exact(broker, fle
     logged) and restarted, then SIGKILLed twice at different points of its cycle and restarted
     each time: every restart recovers its groups (the recoveries counter of the new process)
     before it joins, and the output is exact. The coordinator exits 0 on SIGTERM at the end."""
-    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2)
+    # 12 groups, 6 a worker, are plenty for the stop paths; every group costs each cycle and each recovery.
+    job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}, {"range_ms": 500}], workers=2, partitions=12)
     fleet = fleet_for(job, 2)
     writer = _produce_steadily(job, broker.bootstrap, rows_out_of_order("rs", 24_000, 100, seed=21), seconds=10)
     # Mid-run: w0 is joining the input (a batch of it done; the writer goes on for seconds).

@@ -21,7 +21,7 @@ from streamjoin.services.coordinator.status import heartbeats_since
 from streamjoin.services.faults import marker_dir
 from streamjoin.topology.partitioner import partition_for
 from tests.integration.conftest import make_job
-from tests.integration.fleet_harness import metric
+from tests.integration.fleet_harness import metric, wait_heartbeats
 from tests.integration.kafka_harness import Row, assert_spark_verified, check, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -65,16 +65,20 @@ def test_windows_five_times_the_memory_budget_stay_exact_through_a_crash(broker,
     rnd = random.Random(3)
     producer = kafka.Cluster(broker.bootstrap).producer()
     ts = 10_000
-    peaks: dict[str, int] = {}  # each worker's own peak: a restarting worker sends no beat for a while
     for second in range(12):
         rows = [Row(rnd.choice("rst"), rnd.randrange(KEYS), ts + rnd.randrange(1000)) for _ in range(360)]
         produce(job, broker.bootstrap, rows, producer=producer)
         ts += 1000
-        time.sleep(1.0)
+        time.sleep(0.5)  # the workers join as the input comes, spilling and pushing on the way
         fleet.supervise()  # the crashed worker restarts, as its Deployment would
-        beats = heartbeats_since(job, kafka.Cluster(broker.bootstrap), 2.0)
-        for b in beats:
-            peaks[b.worker] = max(peaks.get(b.worker, 0), b.memory_bytes + b.spilled_bytes)
+    # The window state is at its largest once every row is joined and before the flush rows
+    # expire it: a heartbeat of each worker after the drain reports it, however far behind the
+    # workers ran meanwhile (the peak taken while writing missed it when they lagged).
+    wait_drained(job, broker.bootstrap, fleet, timeout=180)
+    wait_heartbeats(job, broker.bootstrap, ["w0", "w1"], int(time.time() * 1000), fleet=fleet)
+    peaks: dict[str, int] = {}  # each worker's own peak: a restarting worker sends no beat for a while
+    for b in heartbeats_since(job, kafka.Cluster(broker.bootstrap), 600.0):
+        peaks[b.worker] = max(peaks.get(b.worker, 0), b.memory_bytes + b.spilled_bytes)
     peak_state = sum(peaks.values())
     produce(job, broker.bootstrap, _flush_rows(ts + WINDOW_MS + 2000), producer=producer)
     deadline = time.monotonic() + 120
