@@ -35,7 +35,8 @@ from streamjoin.settings import JobSettings, load
 
 JOB_FILE = job_file("images.yaml")
 RATE, SECONDS, NODES = 6.0, 30.0, (1, 2, 3, 4)
-QUICK = {"rate": 6.0, "seconds": 5.0, "pixels": 2_000, "nodes": (1, 2)}
+QUICK = {"rate": 6.0, "seconds": 3.0, "pixels": 1_000, "nodes": (1, 2), "consume_repeats": 1}
+CONSUME_REPEATS = 3
 THRESHOLD_S = 1.0
 RESPONSE_METRIC = "streamjoin_ring_response_seconds"
 
@@ -59,7 +60,8 @@ def run(env: BenchEnv, quick: bool, plot_path: Path | None) -> dict:
     runs = [run_ring(env, measured_job, n, rate, seconds, model) for n in nodes]
     first = runs[0]
     with env.phase("raw consumption of the same input topics"):
-        consume = run_kafka_consume(env.cluster, first["input_topics"], paper.partitions, repeats=3)
+        repeats = QUICK["consume_repeats"] if quick else CONSUME_REPEATS
+        consume = run_kafka_consume(env.cluster, first["input_topics"], paper.partitions, repeats=repeats)
     exact = all(r["verify"]["verified"] for r in runs)
     result = {
         "workload": "psp",

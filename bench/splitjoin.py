@@ -56,9 +56,11 @@ window is full), over SplitJoin's published 4,400 (time) and 5,200 (count)
 tuples/s on 28 cores, total and per core; the knob's runs over its punctuate-1
 run. The full run takes about an hour here (6 SplitJoin runs and 2 rings, each
 filling a 15-minute or 2^21-tuple window, and the knob's 5 short runs);
-`--quick` runs the same 12 runs on 5 s / 5,000-tuple windows (10 s of event
-time at 1,000 tuples/s per stream) with a 0.5 s live tail, each on a broker of
-its own, so its time is mostly the runs' processes starting and stopping.
+`--quick` runs one run per figure family: k = 2 on each window (strict order)
+and, at k = 2, punctuate_every 16 and 0 on the time window's backlog, beside the
+ring on both, on 2 s / 2,000-tuple windows (4 s of event time at 1,000
+tuples/s per stream) with a 0.5 s live tail, each on a broker of its own, so its
+time is mostly the runs' processes starting and stopping.
 
 This module runs the plan and writes the report; one SplitJoin run, its plans and its
 checks are in splitjoin_run.py.
