@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -112,8 +111,8 @@ def finish(env: BenchEnv, job: JobSettings, fleet: Fleet, feed: PacedInput, veri
 
 def coordinator_counters(fleet: Fleet) -> dict:
     """The coordinator's migration counters: moves by outcome and window bytes moved."""
-    url = f"http://127.0.0.1:{fleet.metrics_ports['coordinator']}/metrics"
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    # Parts 3 and 4 restart the coordinator: at the end of a short run its page may not be up yet.
+    text = ours.metrics_page(fleet.metrics_ports["coordinator"], wait_s=60.0)
     out: dict = {"migrations": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

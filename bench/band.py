@@ -61,7 +61,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import urllib.request
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -99,7 +98,7 @@ def ring_job(backlog: Backlog, env: BenchEnv, nodes: int, recovery: bool = True)
 def metric_total(port: int, family: str = TUPLES_IN) -> float:
     """One process's metric `family` summed over its labels (a counter's _total, a gauge's value);
     by default the ring head's streamjoin_tuples_in_total: tuples released into the ring."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = ours.metrics_page(port)
     return sum(s.value for f in text_string_to_metric_families(text) if f.name == family
                for s in f.samples if s.name in (family, f"{family}_total"))
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,7 +149,7 @@ def fleet_cycles(fleet: Fleet, workers: list[str]) -> tuple[float, float]:
     """The workers' cycles so far and the seconds they took, summed over the fleet."""
     count = total = 0.0
     for w in workers:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{fleet.metrics_ports[w]}/metrics", timeout=10).read().decode()
+        text = ours.metrics_page(fleet.metrics_ports[w])
         for family in text_string_to_metric_families(text):
             if family.name == CYCLES_METRIC:
                 for sample in family.samples:

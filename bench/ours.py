@@ -29,6 +29,7 @@ left join's input against that output less its rows alone).
 from __future__ import annotations
 
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -113,9 +114,22 @@ class Histogram:
                 "under_threshold": float(self.cumulative[at] / self.count)}
 
 
+def metrics_page(port: int, wait_s: float = 0.0) -> str:
+    """The text of the /metrics page on `port`, retried for up to `wait_s` while nothing listens
+    there yet (a process restarted moments before the scrape is still starting)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        except urllib.error.URLError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 def scrape_delays(port: int, metric: str = DELAY_METRIC) -> Histogram:
     """One worker's production-delay histogram (or another delay histogram) from its /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = metrics_page(port)
     buckets: dict[float, float] = {}
     total = 0.0
     for family in text_string_to_metric_families(text):
@@ -134,7 +148,7 @@ def scrape_counters(port: int, names: Sequence[str], by: str | None = None) -> d
     """One process's counters (or gauges) named `names` (sample names: a counter's end in _total)
     from its /metrics, each summed over its labels, or with `by` per value of that label (keys
     "name:value"); a name it does not export counts 0 (without `by`) or is absent."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = metrics_page(port)
     out = {} if by else dict.fromkeys(names, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
