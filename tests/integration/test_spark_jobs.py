@@ -140,7 +140,9 @@ def test_sources_write_the_workload(world: World) -> None:
     assert counts == {s.name: len(t) for s, t in zip(world.job.streams, world.streams)}
     for name, rate in world.sources["rate"].items():
         assert 40 < rate < 160, f"stream {name} ran at {rate}/s, asked for 80/s"
-    assert statistics.median(world.lags) < 2_000, "records should leave close to their event time"
+    # Event time is the wall clock at production: records leave within seconds of it (Spark's
+    # micro-batches on a loaded machine add a second or two), never minutes.
+    assert statistics.median(world.lags) < 10_000, "records should leave close to their event time"
     assert len(world.results) > 50, "the workload should join"
 
 
