@@ -90,11 +90,12 @@ def test_prometheus_scrapes_workers_and_evaluates_rules(broker, fleet_for, tmp_p
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             tuples = _query(port, 'sum(streamjoin_tuples_in_total{component="worker"})')
-            if tuples and float(tuples[0]["value"][1]) == len(rows):
-                break
+            late = _query(port, 'sum(streamjoin_dead_letter_total{reason="late"})')
+            if tuples and float(tuples[0]["value"][1]) == len(rows) and late:
+                break  # both scraped since the late row was dead-lettered
             time.sleep(0.5)
         assert tuples and float(tuples[0]["value"][1]) == len(rows)
-        late = _query(port, 'sum(streamjoin_dead_letter_total{reason="late"})')
+        assert late, "the late row's dead letter was never scraped"
         assert float(late[0]["value"][1]) == 1
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # every target has had its first scrape
