@@ -80,14 +80,41 @@ def _out_of_grace(grace_s: float) -> None:
     hard_exit(0)
 
 
+class _Deferral:
+    """How deep the main thread is in `signals_deferred` stretches, and whether a signal came."""
+
+    depth = 0
+    pending = False
+
+
 def raise_on_signals() -> None:
     """For one-shot commands (the broker, the demo): SIGTERM and SIGINT raise `Stopped`
-    wherever the main thread is, so `with`/`finally` blocks take their children down."""
+    wherever the main thread is (but inside `signals_deferred`), so `with`/`finally` blocks
+    take their children down."""
     def handler(signum: int, frame: FrameType | None) -> None:
+        if _Deferral.depth:
+            _Deferral.pending = True
+            return
         raise Stopped()
 
     for sig in SIGNALS:
         signal.signal(sig, handler)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """A stretch `raise_on_signals` does not cut: a signal arriving inside raises `Stopped` at
+    its end instead. For steps that must not be abandoned halfway, such as starting a child
+    process and recording it (a `Stopped` raised inside `Popen`, after the fork, would leave a
+    child its parent never stops)."""
+    _Deferral.depth += 1
+    try:
+        yield
+    finally:
+        _Deferral.depth -= 1
+    if not _Deferral.depth and _Deferral.pending:
+        _Deferral.pending = False
+        raise Stopped()
 
 
 def started(stop_flag: StopFlag, steps: Callable[[], None], log: Any, event: str, **context: object) -> bool:

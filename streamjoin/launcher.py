@@ -18,6 +18,7 @@ from confluent_kafka import TopicPartition
 from streamjoin.schemas.control import RING_FENCED_EXIT
 from streamjoin.services.io import kafka
 from streamjoin.services.broker import free_port
+from streamjoin.services.shutdown import signals_deferred
 from streamjoin.services.coordinator.status import latest_heartbeats
 from streamjoin.settings import JobSettings
 
@@ -56,9 +57,10 @@ class Fleet:
         log = open(self.log_dir / f"{name}.log", "ab")
         cmd = [sys.executable, "-m", "streamjoin.cli", *args, "--job", str(self.job_file), "--bootstrap",
                self.bootstrap]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
-                                start_new_session=True)
-        self.procs[name] = proc
+        with signals_deferred():  # a bench stopped mid-spawn still knows, and so stops, every child
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                                    start_new_session=True)
+            self.procs[name] = proc
         return proc
 
     def start_coordinator(self) -> None:

@@ -87,3 +87,22 @@ def test_one_shot_commands_unwind_on_sigterm() -> None:
             print("unwound")
     """)
     assert done.stdout.splitlines()[-1].split() == ["unwound"], done.stderr
+
+
+def test_a_signal_inside_a_deferred_stretch_unwinds_at_its_end() -> None:
+    done, _ = _run("""
+        import os, signal
+        from streamjoin.services.shutdown import Stopped, raise_on_signals, signals_deferred
+        raise_on_signals()
+        steps = []
+        try:
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                with signals_deferred():
+                    steps.append("inner")
+                steps.append("outer")
+            steps.append("after")
+        except Stopped:
+            print("unwound after", *steps)
+    """)
+    assert done.stdout.splitlines()[-1].split() == ["unwound", "after", "inner", "outer"], done.stderr
