@@ -9,7 +9,7 @@ from streamjoin.settings.coordinator import CoordinatorSpec
 from streamjoin.settings.dev import FaultSpec, WorkloadSpec
 from streamjoin.settings.job import JobSettings
 from streamjoin.settings.join import JoinSpec, PredicateTerm
-from streamjoin.settings.kafka import TransactionSpec
+from streamjoin.settings.kafka import ConsumerSpec, TransactionSpec
 from streamjoin.settings.loading import SettingsError, load
 from streamjoin.settings.output import OutputSpec
 from streamjoin.settings.queries import QueriesSpec
@@ -21,5 +21,5 @@ from streamjoin.settings.worker import SpillSpec, WorkerSpec
 
 __all__ = ["CoordinatorSpec", "FaultSpec", "FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm",
            "QueriesSpec", "ROLES", "RingSpec", "SettingsError", "SpillSpec", "SplitJoinSpec", "StreamSpec",
-           "TopicRole", "TopicSettings", "TopicsSpec", "TransactionSpec", "WindowSpec", "WorkerSpec", "WorkloadSpec",
+           "TopicRole", "TopicSettings", "TopicsSpec", "TransactionSpec", "ConsumerSpec", "WindowSpec", "WorkerSpec", "WorkloadSpec",
            "load"]

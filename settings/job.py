@@ -15,7 +15,7 @@ from streamjoin.settings import kafka as kafka_settings
 from streamjoin.settings.coordinator import CoordinatorSpec
 from streamjoin.settings.dev import FaultSpec, WorkloadSpec
 from streamjoin.settings.join import JoinSpec
-from streamjoin.settings.kafka import RESERVED_KAFKA_SETTINGS, KafkaSecret, KafkaValue, TransactionSpec
+from streamjoin.settings.kafka import RESERVED_KAFKA_SETTINGS, ConsumerSpec, KafkaSecret, KafkaValue, TransactionSpec
 from streamjoin.settings.output import AVRO_NAME, RESERVED_RESULT_NAMES, OutputSpec
 from streamjoin.settings.queries import QueriesSpec
 from streamjoin.settings.ring import RingSpec
@@ -95,6 +95,9 @@ class JobSettings(TopicNames, BaseModel):
         default=TransactionSpec(),
         description="how long the job's transactional producers and the broker wait on a transaction before "
                     "giving up on it")
+    consumers: ConsumerSpec = Field(
+        default=ConsumerSpec(),
+        description="how long the broker may hold the job's consumers' empty fetches: data and control plane")
 
     @field_validator("kafka", mode="before")
     @classmethod

@@ -199,3 +199,20 @@ class TransactionSpec(StrictModel):
         default=60.0, gt=0,
         description="how long a commit_transaction call waits for the broker to confirm a transaction's "
                     "output and offsets before it fails")
+
+
+class ConsumerSpec(StrictModel):
+    """The job file's `consumers:` section: how long the broker may hold an empty fetch of the job's
+    consumers. An idle consumer fetches 1000 / wait times a second and every empty fetch costs the
+    broker CPU in proportion to the partitions it names: shorter waits cost the broker more while
+    idle; longer ones may add up to the wait to a record's hop on brokers that answer a waiting
+    fetch late (the embedded Tansu under read_committed)."""
+
+    fetch_wait_ms: int = Field(
+        default=20, gt=0, le=60_000,
+        description="fetch.wait.max.ms of the consumers that read data (sources, by-key and ring hops, "
+                    "results): each hop's added delay at worst")
+    control_fetch_wait_ms: int = Field(
+        default=200, gt=0, le=60_000,
+        description="fetch.wait.max.ms of the control-plane consumers (placement, moves, heartbeats), "
+                    "which nothing waits on record by record")

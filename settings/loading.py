@@ -84,4 +84,5 @@ class _EnvOnly(BaseSettings):
     queries: dict[str, Any] | None = None
     topics: dict[str, Any] | None = None
     transactions: dict[str, Any] | None = None
+    consumers: dict[str, Any] | None = None
     # kafka: read by streamjoin.settings.kafka.from_environment, which keeps secrets as {env:} references.

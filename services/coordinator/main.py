@@ -39,7 +39,7 @@ class Coordinator:
         self.job = job
         self.metrics_port = job.coordinator.metrics_port if metrics_port is None else metrics_port
         self.cluster = cluster
-        self.control_in = self.cluster.consumer(f"{job.consumer_group}-coordinator", **kafka.CONTROL)
+        self.control_in = self.cluster.control_consumer(f"{job.consumer_group}-coordinator")
         self.out = self.cluster.producer()
         self.moves: Moves | None = None  # the placement and the moves in flight, once a placement exists
         self.started_at = time.monotonic()

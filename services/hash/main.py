@@ -61,7 +61,7 @@ class Worker(Pacing, Heartbeats):
         self.emitter = Emitter(job, cluster.producer(f"{job.job}-{worker_id}"
                                                    if job.worker.exactly_once else None), worker_id)
         self.cycle = Cycle(job, self.plan, self.store, self.consumer, self.emitter)
-        self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control", **kafka.CONTROL)
+        self.control_in = cluster.control_consumer(f"{job.consumer_group}-{worker_id}-control")
         self.control_out = cluster.producer()
         self.groups: set[int] = set()
         self.splits: list[control.HotSplit] = []  # the split hot keys of the groups held, as last assigned

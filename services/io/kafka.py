@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka.admin import AdminClient
 import structlog
 
-from streamjoin.settings import TransactionSpec
+from streamjoin.settings import ConsumerSpec, TransactionSpec
 
 if TYPE_CHECKING:
     from streamjoin.settings import JobSettings
@@ -44,6 +44,7 @@ class Cluster:
     bootstrap: str
     client: Mapping[str, Any] = field(default_factory=dict, repr=False)
     transactions: TransactionSpec = field(default_factory=TransactionSpec, repr=False)
+    consumers: ConsumerSpec = field(default_factory=ConsumerSpec, repr=False)
 
     @classmethod
     def of(cls, job: JobSettings, bootstrap: str | None = None) -> "Cluster":
@@ -51,7 +52,7 @@ class Cluster:
         address = bootstrap or job.bootstrap
         if not address:
             raise ValueError("no Kafka bootstrap given: set `bootstrap` in the job, STREAMJOIN_BOOTSTRAP or --bootstrap")
-        return cls(address, job.kafka_client(), job.transactions)
+        return cls(address, job.kafka_client(), job.transactions, job.consumers)
 
     def __repr__(self) -> str:
         return f"Cluster(bootstrap={self.bootstrap!r}, client settings={sorted(self.client)})"
@@ -75,7 +76,14 @@ class Cluster:
         return AdminClient(self._conf({}, {}))
 
     def consumer(self, group: str, **extra: Any) -> Consumer:
-        return Consumer(self._conf(_CONSUMER, {"group.id": group} | extra))
+        """A data consumer: the job's `consumers.fetch_wait_ms`."""
+        tuned = _CONSUMER | {"fetch.wait.max.ms": self.consumers.fetch_wait_ms}
+        return Consumer(self._conf(tuned, {"group.id": group} | extra))
+
+    def control_consumer(self, group: str) -> Consumer:
+        """A control-plane consumer (placement, moves, heartbeats): the job's
+        `consumers.control_fetch_wait_ms`, whatever its `kafka:` section says."""
+        return self.consumer(group, **{"fetch.wait.max.ms": self.consumers.control_fetch_wait_ms})
 
     def producer(self, transactional_id: str | None = None, **extra: Any) -> Producer:
         if transactional_id:
@@ -88,7 +96,6 @@ _CONSUMER: dict[str, Any] = {
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",
     "isolation.level": "read_committed",
-    "fetch.wait.max.ms": 20,
     "fetch.min.bytes": 1,
     "fetch.max.bytes": 64 << 20,
     "max.partition.fetch.bytes": 8 << 20,
@@ -100,12 +107,6 @@ _CONSUMER: dict[str, Any] = {
     "max.poll.interval.ms": 30_000,
     "session.timeout.ms": 10_000,
 }
-# Control-plane readers (placement, moves, heartbeats): nothing waits on them record by record.
-# An idle consumer fetches 1000 / fetch.wait.max.ms times a second, and each empty fetch costs
-# the embedded Tansu about a millisecond of CPU: at 20 ms, an idle fleet of three processes kept
-# it 15% busy. Data consumers keep 20 ms: under read_committed a longer wait adds up to ~50 ms
-# per hop on Tansu (measured), which ring rounds and re-routed records pay at every hop.
-CONTROL: dict[str, Any] = {"fetch.wait.max.ms": 200}
 _PRODUCER: dict[str, Any] = {
     "partitioner": "murmur2_random",  # Kafka's default (Java) partitioner, as topology/partitioner.py computes it
     "linger.ms": 5,

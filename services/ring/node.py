@@ -85,7 +85,7 @@ class RingWorker:
         self.node = RingNode(worker_id, self.plan, self.templates)
         self.hop_in = cluster.consumer(f"{job.consumer_group}-ring-{worker_id}")
         self.out = cluster.producer()
-        self.control_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-control", **kafka.CONTROL)
+        self.control_in = cluster.control_consumer(f"{job.consumer_group}-{worker_id}-control")
         self.epochs_in = cluster.consumer(f"{job.consumer_group}-{worker_id}-epochs")
         self.local: deque[RingMessage] = deque()
         self.passing: tuple[RingMessage, wire.Record] | None = None  # the message being handled, as received

@@ -45,6 +45,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 KEYS = {"r": range(0, 200), "s": range(100, 300)}
 # Timeouts a loaded 2-core machine keeps: a slow worker is not failed over, a dead one is within seconds.
 TIMEOUTS = {"heartbeat_timeout_ms": 4000, "worker_timeout_ms": 8000}
+# A restarted worker must be back before it counts as dead, however long a loaded machine takes
+# to start it (well over 8 s at times): else its groups fail over and it recovers none.
+RESTART_TIMEOUTS = TIMEOUTS | {"worker_timeout_ms": 60_000}
 JITTER_MS = 100  # event times up to this far behind the wall clock: out of order, well within the lateness
 
 
@@ -142,16 +145,17 @@ def fail_over_w1(job: JobSettings, bootstrap: str, fleet: Fleet) -> None:
     wait_metric(fleet.metrics_ports["w0"], "streamjoin_changelog_restores_total", len(orphans), timeout=60)
 
 
-@pytest.mark.parametrize("join_type, crash", [("left", restart_w0), ("full", fail_over_w1)],
+@pytest.mark.parametrize("join_type, crash, timeouts", [("left", restart_w0, RESTART_TIMEOUTS),
+                                                      ("full", fail_over_w1, TIMEOUTS)],
                          ids=["left-restarted", "full-failed-over"])
 def test_outer_join_through_a_worker_crash_is_exact(broker, fleet_for, join_type: str,  # type: ignore[no-untyped-def]
                                                     crash: Callable[[JobSettings, str, Fleet], None],
-                                                    tmp_path: Path) -> None:
+                                                    timeouts: dict, tmp_path: Path) -> None:
     """Two workers on 12 groups under a steady input, one SIGKILLed 3 s in. Spark verify finds
     the output exact, with null-padded rows in it: of r only for a left join, of both streams
     for a full join, as many as verify expects (`unmatched`)."""
     job = make_job(broker.bootstrap, tmp_path, [{"range_ms": 500}] * 2, workers=2, partitions=12,
-                   join={"type": join_type, "allowed_lateness_ms": 500}, coordinator=TIMEOUTS)
+                   join={"type": join_type, "allowed_lateness_ms": 500}, coordinator=timeouts)
     fleet = fleet_for(job, 2)
     with ThreadPoolExecutor(1) as pool:
         writing = pool.submit(write_live, job, broker.bootstrap, "rs", 8, 600, 31)

@@ -260,3 +260,30 @@ def test_the_transactions_section_reaches_the_transactional_producers_and_their_
     assert calls == [("init", 7), ("commit", 9)]
     with pytest.raises(SettingsError, match="transaction_timeout_ms"):
         load(path, bootstrap="127.0.0.1:1", transactions={"transaction_timeout_ms": -1})
+
+
+def test_the_consumers_section_sets_data_and_control_fetch_waits(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`consumers:` sets fetch.wait.max.ms of the data consumers (over our tuning, under the job's
+    `kafka:` section) and of the control-plane consumers (over both)."""
+    from streamjoin.services.io import kafka
+
+    made: list[dict] = []
+    monkeypatch.setattr(kafka, "Consumer", lambda conf: made.append(conf))
+    monkeypatch.delenv("STREAMJOIN_CONSUMERS__FETCH_WAIT_MS", raising=False)
+    path = _job_file(tmp_path, {})
+    job = load(path, bootstrap="127.0.0.1:1", consumers={"fetch_wait_ms": 70, "control_fetch_wait_ms": 900})
+    Cluster.of(job).consumer("g")
+    Cluster.of(job).control_consumer("g-control")
+    assert [(c["group.id"], c["fetch.wait.max.ms"]) for c in made] == [("g", 70), ("g-control", 900)]
+    made.clear()
+    Cluster.of(load(path, bootstrap="127.0.0.1:1")).consumer("g")
+    assert made[0]["fetch.wait.max.ms"] == 20  # the default
+    made.clear()
+    monkeypatch.setenv("STREAMJOIN_KAFKA__FETCH_WAIT_MAX_MS", "35")
+    overridden = Cluster.of(load(path, bootstrap="127.0.0.1:1", consumers={"fetch_wait_ms": 70}))
+    overridden.consumer("g")
+    overridden.control_consumer("g-control")
+    assert [c["fetch.wait.max.ms"] for c in made] == ["35", 200]
+    with pytest.raises(SettingsError, match="fetch_wait_ms"):
+        load(path, bootstrap="127.0.0.1:1", consumers={"fetch_wait_ms": 0})
