@@ -66,7 +66,7 @@ def test_windows_five_times_the_memory_budget_stay_exact_through_a_crash(broker,
     producer = kafka.Cluster(broker.bootstrap).producer()
     ts = 10_000
     for second in range(12):
-        rows = [Row(rnd.choice("rst"), rnd.randrange(KEYS), ts + rnd.randrange(1000)) for _ in range(360)]
+        rows = [Row(rnd.choice("rst"), rnd.randrange(KEYS), ts + rnd.randrange(1000)) for _ in range(420)]
         produce(job, broker.bootstrap, rows, producer=producer)
         ts += 1000
         time.sleep(0.5)  # the workers join as the input comes, spilling and pushing on the way
