@@ -19,7 +19,7 @@ from streamjoin.settings.streams import FieldType, StreamSpec, WindowSpec
 from streamjoin.settings.topics import ROLES, TopicRole, TopicSettings, TopicsSpec
 from streamjoin.settings.worker import SpillSpec, WorkerSpec
 
-__all__ = ["CoordinatorSpec", "FaultSpec", "FieldType", "JobSettings", "JoinSpec", "OutputSpec", "PredicateTerm",
-           "QueriesSpec", "ROLES", "RingSpec", "SettingsError", "SpillSpec", "SplitJoinSpec", "StreamSpec",
-           "TopicRole", "TopicSettings", "TopicsSpec", "TransactionSpec", "ConsumerSpec", "WindowSpec", "WorkerSpec", "WorkloadSpec",
-           "load"]
+__all__ = ["ConsumerSpec", "CoordinatorSpec", "FaultSpec", "FieldType", "JobSettings", "JoinSpec",
+           "OutputSpec", "PredicateTerm", "QueriesSpec", "ROLES", "RingSpec", "SettingsError", "SpillSpec",
+           "SplitJoinSpec", "StreamSpec", "TopicRole", "TopicSettings", "TopicsSpec", "TransactionSpec",
+           "WindowSpec", "WorkerSpec", "WorkloadSpec", "load"]
